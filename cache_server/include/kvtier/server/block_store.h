@@ -1,0 +1,215 @@
+// BlockStore: the block index, host-memory tier, eviction, leases and two-phase puts of one server.
+#ifndef KVTIER_SERVER_BLOCK_STORE_H_
+#define KVTIER_SERVER_BLOCK_STORE_H_
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <queue>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "kvtier/common/block_key.h"
+#include "kvtier/common/clock.h"
+#include "kvtier/server/eviction_policy.h"
+#include "kvtier/server/slab_allocator.h"
+
+namespace kvtier::server {
+
+struct BlockStoreOptions {
+  uint64_t capacity_bytes = 1ULL << 30;      // Default: 1 GiB of host memory for blocks.
+  uint64_t slab_bytes = 64ULL << 20;         // Default: 64 MiB; also the largest block accepted.
+  std::string eviction_policy = "lru";       // See NewEvictionPolicy().
+  absl::Duration default_lease_ttl = absl::Seconds(10);  // Read leases when the caller names none.
+  absl::Duration max_lease_ttl = absl::Seconds(60);      // Longer requests are capped to this.
+  absl::Duration reservation_ttl = absl::Seconds(30);    // Uncommitted slots return after this.
+  Clock* clock = nullptr;                    // Default (null): Clock::Real(). Not owned.
+
+  // Errors: InvalidArgument naming the field.
+  absl::Status Validate() const;
+};
+
+// What the store needs to know of a request's namespace: its id (Namespace::Id()), the tenant it
+// belongs to, and the bytes of each block (KvLayout::ShardBytes()).
+struct NamespaceRef {
+  uint64_t id = 0;
+  uint32_t tenant_id = 0;   // interned by the caller; entries of another tenant are invisible
+  uint64_t block_bytes = 0;
+};
+
+enum class AllocateOutcome : uint8_t { kAllocated, kAlreadyPresent, kInProgress, kNoSpace };
+enum class CommitOutcome : uint8_t { kCommitted, kChecksumMismatch, kIncomplete, kNotAllocated };
+
+// Counters since creation. Read with relaxed loads; each is monotonic except the gauges noted.
+struct BlockStoreStats {
+  std::atomic<uint64_t> lookup_requests{0};
+  std::atomic<uint64_t> lookup_blocks_hit{0};
+  std::atomic<uint64_t> lookup_blocks_miss{0};
+  std::atomic<uint64_t> read_blocks{0};
+  std::atomic<uint64_t> read_blocks_miss{0};
+  std::atomic<uint64_t> read_bytes{0};
+  std::atomic<uint64_t> committed_blocks{0};
+  std::atomic<uint64_t> committed_bytes{0};
+  std::atomic<uint64_t> already_present{0};
+  std::atomic<uint64_t> evictions{0};
+  std::atomic<uint64_t> rejections_no_space{0};
+  std::atomic<uint64_t> checksum_failures{0};
+  std::atomic<uint64_t> expired_reservations{0};
+  std::atomic<uint64_t> expired_leases{0};
+  std::atomic<uint64_t> active_leases{0};        // gauge
+  std::atomic<uint64_t> active_reservations{0};  // gauge
+  std::atomic<uint64_t> stored_blocks{0};        // gauge: committed blocks
+  std::atomic<uint64_t> stored_bytes{0};         // gauge: slot bytes of committed and reserved blocks
+};
+
+// Per-block answer of AcquireRead.
+struct ReadBlockInfo {
+  bool present = false;
+  uint64_t size_bytes = 0;
+  uint64_t checksum = 0;  // XXH3-64 verified at commit
+};
+
+// The index maps BlockKey to an entry with the namespace and tenant, slot, size, checksum, lease count
+// and state. A block becomes visible only after Commit verified its checksum; a leased block is never
+// evicted or reused; a reservation that is not committed within reservation_ttl returns its slots.
+// Capacity: slots come from a SlabAllocator of capacity_bytes, so usage never exceeds it; when no
+// unleased block can be evicted, Allocate reports kNoSpace for that key (a rejection).
+// Payload copies (Write, CopyOut) and checksums run outside the lock; the slot is pinned meanwhile, so
+// expiry never frees memory under a copy.
+// Thread-safety: all public methods may be called concurrently.
+class BlockStore {
+ public:
+  // Errors: InvalidArgument (bad options), ResourceExhausted (region could not be reserved).
+  static absl::StatusOr<std::unique_ptr<BlockStore>> Create(const BlockStoreOptions& options);
+  ~BlockStore();
+
+  // For each key: committed in `ns` (same namespace id and tenant)? Takes no lease unless lease_ttl > 0
+  // (capped at max_lease_ttl), in which case the present blocks are leased under the returned id (0 when
+  // none were present). Does not count as an access.
+  struct LookupResult {
+    std::vector<bool> present;
+    uint64_t lease_id = 0;
+    absl::Duration lease_ttl;
+  };
+  LookupResult Lookup(const NamespaceRef& ns, std::span<const BlockKey> keys, absl::Duration lease_ttl);
+
+  // Phase 1 of a put: per key, reserve a slot of ns.block_bytes (evicting unleased blocks as needed),
+  // or report it already present (an access), in progress (another reservation holds it) or no space.
+  // Errors: InvalidArgument (block_bytes is 0 or above slab_bytes).
+  struct AllocateResult {
+    uint64_t reservation_id = 0;  // 0 when no key was allocated
+    std::vector<AllocateOutcome> outcomes;
+    absl::Duration ttl;
+  };
+  absl::StatusOr<AllocateResult> Allocate(const NamespaceRef& ns, std::span<const BlockKey> keys);
+
+  // Copies `data` (borrowed for the call) to bytes [offset, offset + size) of the block at `index` of the
+  // reservation. Chunks of one block must arrive in order (offset == bytes written so far).
+  // Errors: FailedPrecondition (unknown, expired or committed reservation), InvalidArgument (index not
+  // allocated, out-of-order offset, past the block's end).
+  absl::Status Write(uint64_t reservation_id, uint32_t index, uint64_t offset, std::span<const std::byte> data);
+
+  // Phase 2: per key of the reservation, verify that all bytes were written and that their XXH3-64
+  // equals checksums[i]; matching blocks become visible, others free their slots. Ends the reservation.
+  // Errors: FailedPrecondition (unknown or expired reservation), InvalidArgument (checksums.size() is
+  // not the number of keys).
+  absl::StatusOr<std::vector<CommitOutcome>> Commit(uint64_t reservation_id, std::span<const uint64_t> checksums);
+
+  // Ends a reservation and frees its slots. Unknown ids are ignored (it may have expired).
+  void Abort(uint64_t reservation_id);
+
+  // Leases the present keys for lease_ttl (0: default_lease_ttl; capped at max_lease_ttl) and counts an
+  // access to each. Returns the lease id (0 when none was present) and per-key info.
+  struct ReadLease {
+    uint64_t lease_id = 0;
+    std::vector<ReadBlockInfo> blocks;
+  };
+  ReadLease AcquireRead(const NamespaceRef& ns, std::span<const BlockKey> keys, absl::Duration lease_ttl);
+
+  // Copies bytes [offset, offset + dst.size()) of the block at `index` of lease `lease_id` into `dst`.
+  // Errors: FailedPrecondition (lease unknown, released or expired), InvalidArgument (index not present
+  // in the lease, range past the block's end).
+  absl::Status CopyOut(uint64_t lease_id, uint32_t index, uint64_t offset, std::span<std::byte> dst);
+
+  // Releases leases; returns how many were live.
+  uint32_t Release(std::span<const uint64_t> lease_ids);
+
+  // Expires reservations and leases past their deadline (every other call also does so lazily).
+  void ExpireNow();
+
+  const BlockStoreStats& stats() const { return stats_; }
+  uint64_t capacity_bytes() const;
+  uint64_t used_bytes() const;
+  const char* eviction_policy_name() const { return policy_->name(); }
+
+  // Overwrites one byte of a committed block in place, bypassing every check. Test builds use it to
+  // prove that corrupt blocks are caught by the client's checksum. Errors: NotFound (not stored).
+  absl::Status CorruptBlockForTest(const BlockKey& key, uint64_t offset);
+
+ private:
+  enum class State : uint8_t { kFree, kReserved, kCommitted };
+  struct Entry {
+    BlockKey key;
+    uint64_t namespace_id = 0;
+    uint64_t size_bytes = 0;
+    uint64_t checksum = 0;
+    uint64_t reservation_id = 0;  // while kReserved
+    SlotRef slot;
+    uint32_t tenant_id = 0;
+    uint32_t lease_count = 0;
+    uint32_t access_count = 0;
+    State state = State::kFree;
+  };
+  struct Lease {
+    std::vector<EntryHandle> entries;  // per key index; kNoEntry when absent
+    absl::Time expiry;
+    uint32_t pins = 0;                 // copies in flight
+    bool dead = false;                 // released or expired while pinned: free at unpin
+  };
+  struct Reservation {
+    std::vector<EntryHandle> entries;  // per key index; kNoEntry when not allocated
+    std::vector<uint64_t> written;     // bytes written per key
+    absl::Time expiry;
+    uint32_t pins = 0;
+    bool dead = false;
+  };
+  static constexpr EntryHandle kNoEntry = 0xffffffffu;
+
+  explicit BlockStore(const BlockStoreOptions& options);
+  EntryHandle NewEntryLocked();
+  void EraseEntryLocked(EntryHandle h);   // frees slot, removes from map and policy
+  bool EvictOneLocked(uint64_t slot_bytes);
+  void ExpireLocked(absl::Time now);
+  void EndLeaseLocked(uint64_t lease_id, Lease& lease);
+  void EndReservationLocked(Reservation& r);
+  absl::Duration ClampLease(absl::Duration ttl) const;
+  uint64_t NewLeaseLocked(std::vector<EntryHandle> entries, absl::Duration ttl);
+
+  BlockStoreOptions options_;
+  Clock* clock_;
+  std::unique_ptr<SlabAllocator> allocator_;
+  std::unique_ptr<EvictionPolicy> policy_;
+  BlockStoreStats stats_;
+
+  mutable std::mutex mu_;  // std::mutex so ThreadSanitizer sees it (HOUSE_STYLE §8)
+  absl::flat_hash_map<BlockKey, EntryHandle> index_;  // guarded by mu_
+  std::vector<Entry> entries_;                          // guarded by mu_
+  std::vector<EntryHandle> free_entries_;               // guarded by mu_
+  absl::flat_hash_map<uint64_t, Lease> leases_;         // guarded by mu_
+  absl::flat_hash_map<uint64_t, Reservation> reservations_;  // guarded by mu_
+  // (deadline, id) min-heaps for expiry; stale ids are skipped.
+  using Deadline = std::pair<absl::Time, uint64_t>;
+  std::priority_queue<Deadline, std::vector<Deadline>, std::greater<>> lease_deadlines_;        // mu_
+  std::priority_queue<Deadline, std::vector<Deadline>, std::greater<>> reservation_deadlines_;  // mu_
+  uint64_t next_id_ = 1;                                // guarded by mu_
+};
+
+}  // namespace kvtier::server
+
+#endif  // KVTIER_SERVER_BLOCK_STORE_H_

@@ -1,0 +1,45 @@
+// Options of one kvtier cache server, and the YAML config file that sets them.
+#ifndef KVTIER_SERVER_SERVER_OPTIONS_H_
+#define KVTIER_SERVER_SERVER_OPTIONS_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace kvtier::server {
+
+// Every field has a default; Validate() names the first bad one by its YAML key (docs/config.md).
+struct ServerOptions {
+  std::string node_id;                              // required: stable id, the member's ring key
+  std::string listen_address = "127.0.0.1:0";       // host:port of gRPC; port 0 = the kernel picks
+  std::string metrics_address = "127.0.0.1:0";      // host:port of /metrics; empty = no exposer
+  uint64_t host_cache_bytes = 1ULL << 30;           // Default: 1 GiB of host memory for blocks
+  uint64_t slab_bytes = 64ULL << 20;                // Default: 64 MiB; also the largest block accepted
+  uint64_t max_block_bytes = 64ULL << 20;           // Default: 64 MiB; <= slab_bytes
+  uint32_t max_blocks_per_request = 65536;          // Default: 64 Ki keys per RPC
+  uint64_t max_message_bytes = 80ULL << 20;         // Default: 80 MiB gRPC messages both ways
+  uint64_t stream_chunk_bytes = 1ULL << 20;         // Default: 1 MiB per streamed data message
+  std::string eviction_policy = "lru";              // "lru"
+  absl::Duration default_lease_ttl = absl::Seconds(10);
+  absl::Duration max_lease_ttl = absl::Seconds(60);
+  absl::Duration reservation_ttl = absl::Seconds(30);
+  absl::Duration expiry_interval = absl::Milliseconds(200);  // how often leases and reservations expire
+  std::string port_file;                            // if set: "<grpc_port> <metrics_port>\n" once bound
+
+  // Errors: InvalidArgument naming the key, e.g. "server.max_block_bytes: must be <= slab_bytes".
+  absl::Status Validate() const;
+};
+
+// Parses a YAML config (docs/config.md). Unknown keys are errors, so typos never pass silently.
+// Sizes accept plain integers of bytes or suffixed strings ("64MiB", "2GiB"); durations accept strings
+// like "10s", "200ms". Errors: InvalidArgument naming the key ("server.host_cache_bytes: ...").
+absl::StatusOr<ServerOptions> ParseServerConfig(const std::string& yaml_text);
+// Reads and parses `path`. Errors: NotFound (missing file), InvalidArgument (as above).
+absl::StatusOr<ServerOptions> LoadServerConfig(const std::string& path);
+
+}  // namespace kvtier::server
+
+#endif  // KVTIER_SERVER_SERVER_OPTIONS_H_

@@ -1,0 +1,91 @@
+// Fixed-size slots carved from large slabs of one pre-reserved memory region (the host tier).
+#ifndef KVTIER_SERVER_SLAB_ALLOCATOR_H_
+#define KVTIER_SERVER_SLAB_ALLOCATOR_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+
+namespace kvtier::server {
+
+struct SlabAllocatorOptions {
+  uint64_t capacity_bytes = 1ULL << 30;  // Default: 1 GiB. Total bytes of the region; > 0.
+  uint64_t slab_bytes = 64ULL << 20;     // Default: 64 MiB. Unit handed to a size class; > 0.
+  // Slot sizes are block sizes rounded up to this many bytes (a power of two). Default: 64 (a cache line).
+  uint64_t slot_alignment_bytes = 64;
+};
+
+// Where a block lives: slab number and slot number within that slab's size class.
+struct SlotRef {
+  uint32_t slab = 0;
+  uint32_t index = 0;
+  friend bool operator==(const SlotRef&, const SlotRef&) = default;
+};
+
+// Carves one region of `capacity_bytes` (mmap'ed once, touched lazily) into slabs of `slab_bytes`; the
+// last slab may be shorter. A slab belongs to one size class (slot size) while any of its slots is in
+// use and returns to the free pool when its last slot is freed. No allocation per block.
+// Capacity: slots never extend past the region, so used_bytes() <= capacity_bytes() always.
+// Thread-safety: none; the caller (BlockStore) serialises access. Data() pointers stay valid for the
+// allocator's lifetime; what they hold is the caller's business.
+class SlabAllocator {
+ public:
+  // Errors: InvalidArgument (zero sizes, alignment not a power of two), ResourceExhausted (mmap failed).
+  static absl::StatusOr<std::unique_ptr<SlabAllocator>> Create(const SlabAllocatorOptions& options);
+  ~SlabAllocator();
+  SlabAllocator(const SlabAllocator&) = delete;
+  SlabAllocator& operator=(const SlabAllocator&) = delete;
+
+  // The slot size used for blocks of `block_bytes` (rounded up to the slot alignment).
+  uint64_t SlotBytes(uint64_t block_bytes) const;
+  // A free slot of SlotBytes(block_bytes), or nullopt when no slab of that class has a free slot and no
+  // free slab (of enough length) remains. block_bytes must be in (0, slab_bytes].
+  std::optional<SlotRef> Allocate(uint64_t block_bytes);
+  // Returns `slot` (from Allocate, not yet freed) to its slab.
+  void Free(SlotRef slot);
+  // Start of `slot`'s bytes (SlotBytes() of its class long).
+  std::byte* Data(SlotRef slot) const;
+  // Slot bytes of the class that `slot` belongs to.
+  uint64_t SlotBytesOf(SlotRef slot) const;
+  // True when freeing `slot` would return its whole slab to the free pool (it is the slab's last used slot).
+  bool IsLastInSlab(SlotRef slot) const;
+
+  uint64_t capacity_bytes() const { return capacity_bytes_; }
+  uint64_t slab_bytes() const { return slab_bytes_; }
+  uint64_t used_bytes() const { return used_bytes_; }   // slot bytes of allocated slots
+  uint32_t num_slabs() const { return static_cast<uint32_t>(slabs_.size()); }
+  uint32_t free_slabs() const { return static_cast<uint32_t>(free_slabs_.size()); }
+
+ private:
+  struct Slab {
+    uint64_t offset = 0;
+    uint64_t length = 0;
+    uint64_t slot_bytes = 0;          // 0 while free
+    uint32_t num_slots = 0;
+    uint32_t used = 0;
+    std::vector<uint32_t> free_slots; // stack
+    bool in_partial_list = false;
+  };
+  struct SizeClass {
+    std::vector<uint32_t> partial;    // slabs with free slots (may hold stale entries; checked on pop)
+  };
+  SlabAllocator() = default;
+
+  std::byte* base_ = nullptr;
+  uint64_t capacity_bytes_ = 0;
+  uint64_t slab_bytes_ = 0;
+  uint64_t alignment_ = 64;
+  uint64_t used_bytes_ = 0;
+  std::vector<Slab> slabs_;
+  std::vector<uint32_t> free_slabs_;  // stack; full-length slabs first to be taken, the short last slab last
+  absl::flat_hash_map<uint64_t, SizeClass> classes_;
+};
+
+}  // namespace kvtier::server
+
+#endif  // KVTIER_SERVER_SLAB_ALLOCATOR_H_

@@ -1,0 +1,486 @@
+#include "kvtier/server/block_store.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "kvtier/common/checksum.h"
+
+namespace kvtier::server {
+
+absl::Status BlockStoreOptions::Validate() const {
+  if (capacity_bytes == 0) return absl::InvalidArgumentError("capacity_bytes: must be > 0");
+  if (slab_bytes == 0) return absl::InvalidArgumentError("slab_bytes: must be > 0");
+  if (default_lease_ttl <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("default_lease_ttl: must be > 0");
+  }
+  if (max_lease_ttl < default_lease_ttl) {
+    return absl::InvalidArgumentError("max_lease_ttl: must be >= default_lease_ttl");
+  }
+  if (reservation_ttl <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("reservation_ttl: must be > 0");
+  }
+  return absl::OkStatus();
+}
+
+BlockStore::BlockStore(const BlockStoreOptions& options)
+    : options_(options), clock_(options.clock != nullptr ? options.clock : Clock::Real()) {}
+
+BlockStore::~BlockStore() = default;
+
+absl::StatusOr<std::unique_ptr<BlockStore>> BlockStore::Create(const BlockStoreOptions& options) {
+  if (absl::Status s = options.Validate(); !s.ok()) return s;
+  auto store = std::unique_ptr<BlockStore>(new BlockStore(options));
+  auto alloc = SlabAllocator::Create({.capacity_bytes = options.capacity_bytes, .slab_bytes = options.slab_bytes});
+  if (!alloc.ok()) return alloc.status();
+  store->allocator_ = std::move(alloc).value();
+  auto policy = NewEvictionPolicy(options.eviction_policy);
+  if (!policy.ok()) return policy.status();
+  store->policy_ = std::move(policy).value();
+  return store;
+}
+
+uint64_t BlockStore::capacity_bytes() const { return allocator_->capacity_bytes(); }
+
+uint64_t BlockStore::used_bytes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return allocator_->used_bytes();
+}
+
+absl::Duration BlockStore::ClampLease(absl::Duration ttl) const {
+  if (ttl <= absl::ZeroDuration()) ttl = options_.default_lease_ttl;
+  return std::min(ttl, options_.max_lease_ttl);
+}
+
+EntryHandle BlockStore::NewEntryLocked() {
+  if (!free_entries_.empty()) {
+    const EntryHandle h = free_entries_.back();
+    free_entries_.pop_back();
+    return h;
+  }
+  entries_.emplace_back();
+  return static_cast<EntryHandle>(entries_.size() - 1);
+}
+
+void BlockStore::EraseEntryLocked(EntryHandle h) {
+  Entry& e = entries_[h];
+  if (e.state == State::kCommitted) {
+    policy_->OnErase(h);
+    stats_.stored_blocks.fetch_sub(1, std::memory_order_relaxed);
+  }
+  stats_.stored_bytes.fetch_sub(allocator_->SlotBytesOf(e.slot), std::memory_order_relaxed);
+  allocator_->Free(e.slot);
+  index_.erase(e.key);
+  e = Entry{};
+  free_entries_.push_back(h);
+}
+
+bool BlockStore::EvictOneLocked(uint64_t slot_bytes) {
+  // Prefer a victim of the same slot size (its slot is reused directly), or one whose eviction empties
+  // its slab, which then serves any size class.
+  auto victim = policy_->PickVictim([&](EntryHandle h) {
+    const Entry& e = entries_[h];
+    if (e.lease_count > 0) return false;
+    return allocator_->SlotBytesOf(e.slot) == slot_bytes || allocator_->IsLastInSlab(e.slot);
+  });
+  if (victim.has_value()) {
+    EraseEntryLocked(*victim);
+    stats_.evictions.fetch_add(1, std::memory_order_relaxed);
+    return true;
+  }
+  // The size mix changed: empty the slab of the best unleased victim of another class, if nothing in
+  // that slab is leased or being written. A scan of the index, so only on this rare path.
+  std::vector<uint32_t> refused_slabs;
+  for (int attempt = 0; attempt < 8; ++attempt) {
+    auto other = policy_->PickVictim([&](EntryHandle h) {
+      const Entry& e = entries_[h];
+      return e.lease_count == 0 &&
+             std::find(refused_slabs.begin(), refused_slabs.end(), e.slot.slab) == refused_slabs.end();
+    });
+    if (!other.has_value()) return false;
+    const uint32_t slab = entries_[*other].slot.slab;
+    std::vector<EntryHandle> in_slab;
+    bool movable = true;
+    for (const auto& [key, h] : index_) {
+      const Entry& e = entries_[h];
+      if (e.slot.slab != slab) continue;
+      if (e.state != State::kCommitted || e.lease_count > 0) {
+        movable = false;
+        break;
+      }
+      in_slab.push_back(h);
+    }
+    if (!movable) {
+      refused_slabs.push_back(slab);
+      continue;
+    }
+    for (EntryHandle h : in_slab) EraseEntryLocked(h);
+    stats_.evictions.fetch_add(in_slab.size(), std::memory_order_relaxed);
+    return true;
+  }
+  return false;
+}
+
+uint64_t BlockStore::NewLeaseLocked(std::vector<EntryHandle> entries, absl::Duration ttl) {
+  const uint64_t id = next_id_++;
+  for (EntryHandle h : entries) {
+    if (h != kNoEntry) ++entries_[h].lease_count;
+  }
+  const absl::Time expiry = clock_->Now() + ttl;
+  leases_.emplace(id, Lease{.entries = std::move(entries), .expiry = expiry});
+  lease_deadlines_.emplace(expiry, id);
+  stats_.active_leases.fetch_add(1, std::memory_order_relaxed);
+  return id;
+}
+
+void BlockStore::EndLeaseLocked(uint64_t lease_id, Lease& lease) {
+  if (lease.pins > 0) {  // a copy is in flight: the last unpin ends it
+    lease.dead = true;
+    return;
+  }
+  for (EntryHandle h : lease.entries) {
+    if (h != kNoEntry) --entries_[h].lease_count;
+  }
+  stats_.active_leases.fetch_sub(1, std::memory_order_relaxed);
+  leases_.erase(lease_id);
+}
+
+void BlockStore::EndReservationLocked(Reservation& r) {
+  for (EntryHandle h : r.entries) {
+    if (h != kNoEntry && entries_[h].state == State::kReserved) EraseEntryLocked(h);
+  }
+  stats_.active_reservations.fetch_sub(1, std::memory_order_relaxed);
+}
+
+void BlockStore::ExpireLocked(absl::Time now) {
+  while (!lease_deadlines_.empty() && lease_deadlines_.top().first <= now) {
+    const uint64_t id = lease_deadlines_.top().second;
+    lease_deadlines_.pop();
+    auto it = leases_.find(id);
+    if (it == leases_.end() || it->second.dead) continue;
+    stats_.expired_leases.fetch_add(1, std::memory_order_relaxed);
+    EndLeaseLocked(id, it->second);
+  }
+  while (!reservation_deadlines_.empty() && reservation_deadlines_.top().first <= now) {
+    const uint64_t id = reservation_deadlines_.top().second;
+    reservation_deadlines_.pop();
+    auto it = reservations_.find(id);
+    if (it == reservations_.end() || it->second.dead) continue;
+    stats_.expired_reservations.fetch_add(1, std::memory_order_relaxed);
+    if (it->second.pins > 0) {
+      it->second.dead = true;  // freed when the in-flight write unpins
+      continue;
+    }
+    EndReservationLocked(it->second);
+    reservations_.erase(it);
+  }
+}
+
+void BlockStore::ExpireNow() {
+  std::lock_guard<std::mutex> lock(mu_);
+  ExpireLocked(clock_->Now());
+}
+
+BlockStore::LookupResult BlockStore::Lookup(const NamespaceRef& ns, std::span<const BlockKey> keys,
+                                            absl::Duration lease_ttl) {
+  LookupResult result;
+  result.present.resize(keys.size(), false);
+  std::vector<EntryHandle> leased;
+  const bool want_lease = lease_ttl > absl::ZeroDuration();
+  uint64_t hits = 0;
+  std::lock_guard<std::mutex> lock(mu_);
+  ExpireLocked(clock_->Now());
+  if (want_lease) leased.assign(keys.size(), kNoEntry);
+  for (size_t i = 0; i < keys.size(); ++i) {
+    auto it = index_.find(keys[i]);
+    if (it == index_.end()) continue;
+    const Entry& e = entries_[it->second];
+    if (e.state != State::kCommitted || e.namespace_id != ns.id || e.tenant_id != ns.tenant_id) continue;
+    result.present[i] = true;
+    ++hits;
+    if (want_lease) leased[i] = it->second;
+  }
+  stats_.lookup_requests.fetch_add(1, std::memory_order_relaxed);
+  stats_.lookup_blocks_hit.fetch_add(hits, std::memory_order_relaxed);
+  stats_.lookup_blocks_miss.fetch_add(keys.size() - hits, std::memory_order_relaxed);
+  if (want_lease && hits > 0) {
+    result.lease_ttl = ClampLease(lease_ttl);
+    result.lease_id = NewLeaseLocked(std::move(leased), result.lease_ttl);
+  }
+  return result;
+}
+
+absl::StatusOr<BlockStore::AllocateResult> BlockStore::Allocate(const NamespaceRef& ns,
+                                                                std::span<const BlockKey> keys) {
+  if (ns.block_bytes == 0 || ns.block_bytes > options_.slab_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("block is ", ns.block_bytes, " bytes; this server accepts 1..",
+                                                   options_.slab_bytes));
+  }
+  AllocateResult result;
+  result.outcomes.resize(keys.size(), AllocateOutcome::kNoSpace);
+  result.ttl = options_.reservation_ttl;
+  const uint64_t slot_bytes = allocator_->SlotBytes(ns.block_bytes);
+  std::lock_guard<std::mutex> lock(mu_);
+  const absl::Time now = clock_->Now();
+  ExpireLocked(now);
+  Reservation r;
+  r.entries.assign(keys.size(), kNoEntry);
+  r.written.assign(keys.size(), 0);
+  bool any = false;
+  uint64_t rejected = 0;
+  const uint64_t reservation_id = next_id_++;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    auto it = index_.find(keys[i]);
+    if (it != index_.end()) {
+      Entry& e = entries_[it->second];
+      if (e.state == State::kCommitted && e.namespace_id == ns.id && e.tenant_id == ns.tenant_id) {
+        result.outcomes[i] = AllocateOutcome::kAlreadyPresent;
+        ++e.access_count;
+        policy_->OnAccess(it->second);
+        stats_.already_present.fetch_add(1, std::memory_order_relaxed);
+      } else {
+        // Reserved by another writer, or (a fingerprint collision across namespaces, which SHA-256 makes
+        // practically impossible) held by another namespace: either way not ours to write.
+        result.outcomes[i] = AllocateOutcome::kInProgress;
+      }
+      continue;
+    }
+    std::optional<SlotRef> slot = allocator_->Allocate(ns.block_bytes);
+    while (!slot.has_value() && EvictOneLocked(slot_bytes)) slot = allocator_->Allocate(ns.block_bytes);
+    if (!slot.has_value()) {
+      ++rejected;
+      continue;  // kNoSpace
+    }
+    const EntryHandle h = NewEntryLocked();
+    Entry& e = entries_[h];
+    e.key = keys[i];
+    e.namespace_id = ns.id;
+    e.tenant_id = ns.tenant_id;
+    e.size_bytes = ns.block_bytes;
+    e.slot = *slot;
+    e.state = State::kReserved;
+    e.reservation_id = reservation_id;
+    index_.emplace(keys[i], h);
+    stats_.stored_bytes.fetch_add(allocator_->SlotBytesOf(*slot), std::memory_order_relaxed);
+    r.entries[i] = h;
+    result.outcomes[i] = AllocateOutcome::kAllocated;
+    any = true;
+  }
+  stats_.rejections_no_space.fetch_add(rejected, std::memory_order_relaxed);
+  if (any) {
+    r.expiry = now + options_.reservation_ttl;
+    reservations_.emplace(reservation_id, std::move(r));
+    reservation_deadlines_.emplace(now + options_.reservation_ttl, reservation_id);
+    stats_.active_reservations.fetch_add(1, std::memory_order_relaxed);
+    result.reservation_id = reservation_id;
+  }
+  return result;
+}
+
+absl::Status BlockStore::Write(uint64_t reservation_id, uint32_t index, uint64_t offset,
+                               std::span<const std::byte> data) {
+  std::byte* dst = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ExpireLocked(clock_->Now());
+    auto it = reservations_.find(reservation_id);
+    if (it == reservations_.end() || it->second.dead) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("reservation ", reservation_id, " is unknown, expired or committed"));
+    }
+    Reservation& r = it->second;
+    if (index >= r.entries.size() || r.entries[index] == kNoEntry) {
+      return absl::InvalidArgumentError(absl::StrCat("block ", index, " was not allocated in reservation ",
+                                                     reservation_id));
+    }
+    const Entry& e = entries_[r.entries[index]];
+    if (offset != r.written[index]) {
+      return absl::InvalidArgumentError(absl::StrCat("block ", index, ": chunk at offset ", offset,
+                                                     ", expected ", r.written[index]));
+    }
+    if (data.size() > e.size_bytes - offset) {
+      return absl::InvalidArgumentError(absl::StrCat("block ", index, ": ", offset + data.size(),
+                                                     " bytes written, block is ", e.size_bytes));
+    }
+    dst = allocator_->Data(e.slot) + offset;
+    r.written[index] += data.size();
+    ++r.pins;
+  }
+  if (!data.empty()) std::memcpy(dst, data.data(), data.size());
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = reservations_.find(reservation_id);
+  Reservation& r = it->second;  // pinned, so still present
+  if (--r.pins == 0 && r.dead) {
+    EndReservationLocked(r);
+    reservations_.erase(it);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<CommitOutcome>> BlockStore::Commit(uint64_t reservation_id,
+                                                              std::span<const uint64_t> checksums) {
+  std::vector<std::pair<const std::byte*, uint64_t>> blocks;  // (data, size) of complete blocks
+  std::vector<CommitOutcome> outcomes;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ExpireLocked(clock_->Now());
+    auto it = reservations_.find(reservation_id);
+    if (it == reservations_.end() || it->second.dead) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("reservation ", reservation_id, " is unknown, expired or committed"));
+    }
+    Reservation& r = it->second;
+    if (checksums.size() != r.entries.size()) {
+      return absl::InvalidArgumentError(absl::StrCat(checksums.size(), " checksums for ", r.entries.size(),
+                                                     " keys"));
+    }
+    if (r.pins > 0) return absl::FailedPreconditionError("writes to the reservation are still in flight");
+    outcomes.resize(r.entries.size(), CommitOutcome::kNotAllocated);
+    blocks.resize(r.entries.size(), {nullptr, 0});
+    for (size_t i = 0; i < r.entries.size(); ++i) {
+      if (r.entries[i] == kNoEntry) continue;
+      const Entry& e = entries_[r.entries[i]];
+      if (r.written[i] != e.size_bytes) {
+        outcomes[i] = CommitOutcome::kIncomplete;
+        continue;
+      }
+      blocks[i] = {allocator_->Data(e.slot), e.size_bytes};
+    }
+    ++r.pins;      // hashing runs unlocked; the pin keeps the slots
+    r.dead = true; // no further writes; expiry leaves it to us
+  }
+  std::vector<uint64_t> actual(blocks.size(), 0);
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    if (blocks[i].first != nullptr) actual[i] = BlockChecksum(blocks[i].first, blocks[i].second);
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = reservations_.find(reservation_id);
+  Reservation& r = it->second;
+  uint64_t failures = 0;
+  for (size_t i = 0; i < r.entries.size(); ++i) {
+    const EntryHandle h = r.entries[i];
+    if (h == kNoEntry) continue;
+    if (outcomes[i] == CommitOutcome::kIncomplete) {
+      EraseEntryLocked(h);
+      continue;
+    }
+    if (actual[i] != checksums[i]) {
+      outcomes[i] = CommitOutcome::kChecksumMismatch;
+      ++failures;
+      EraseEntryLocked(h);
+      continue;
+    }
+    Entry& e = entries_[h];
+    e.state = State::kCommitted;
+    e.checksum = actual[i];
+    e.reservation_id = 0;
+    e.access_count = 1;
+    policy_->OnInsert(h);
+    outcomes[i] = CommitOutcome::kCommitted;
+    stats_.stored_blocks.fetch_add(1, std::memory_order_relaxed);
+    stats_.committed_blocks.fetch_add(1, std::memory_order_relaxed);
+    stats_.committed_bytes.fetch_add(e.size_bytes, std::memory_order_relaxed);
+  }
+  stats_.checksum_failures.fetch_add(failures, std::memory_order_relaxed);
+  stats_.active_reservations.fetch_sub(1, std::memory_order_relaxed);
+  reservations_.erase(it);
+  return outcomes;
+}
+
+void BlockStore::Abort(uint64_t reservation_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = reservations_.find(reservation_id);
+  if (it == reservations_.end() || it->second.dead) return;
+  if (it->second.pins > 0) {
+    it->second.dead = true;
+    return;
+  }
+  EndReservationLocked(it->second);
+  reservations_.erase(it);
+}
+
+BlockStore::ReadLease BlockStore::AcquireRead(const NamespaceRef& ns, std::span<const BlockKey> keys,
+                                              absl::Duration lease_ttl) {
+  ReadLease result;
+  result.blocks.resize(keys.size());
+  std::vector<EntryHandle> leased(keys.size(), kNoEntry);
+  uint64_t hits = 0, bytes = 0;
+  std::lock_guard<std::mutex> lock(mu_);
+  ExpireLocked(clock_->Now());
+  for (size_t i = 0; i < keys.size(); ++i) {
+    auto it = index_.find(keys[i]);
+    if (it == index_.end()) continue;
+    Entry& e = entries_[it->second];
+    if (e.state != State::kCommitted || e.namespace_id != ns.id || e.tenant_id != ns.tenant_id) continue;
+    result.blocks[i] = {.present = true, .size_bytes = e.size_bytes, .checksum = e.checksum};
+    leased[i] = it->second;
+    ++e.access_count;
+    policy_->OnAccess(it->second);
+    ++hits;
+    bytes += e.size_bytes;
+  }
+  stats_.read_blocks.fetch_add(hits, std::memory_order_relaxed);
+  stats_.read_bytes.fetch_add(bytes, std::memory_order_relaxed);
+  stats_.read_blocks_miss.fetch_add(keys.size() - hits, std::memory_order_relaxed);
+  if (hits > 0) result.lease_id = NewLeaseLocked(std::move(leased), ClampLease(lease_ttl));
+  return result;
+}
+
+absl::Status BlockStore::CopyOut(uint64_t lease_id, uint32_t index, uint64_t offset, std::span<std::byte> dst) {
+  const std::byte* src = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ExpireLocked(clock_->Now());
+    auto it = leases_.find(lease_id);
+    if (it == leases_.end() || it->second.dead) {
+      return absl::FailedPreconditionError(absl::StrCat("lease ", lease_id, " is unknown, released or expired"));
+    }
+    Lease& lease = it->second;
+    if (index >= lease.entries.size() || lease.entries[index] == kNoEntry) {
+      return absl::InvalidArgumentError(absl::StrCat("block ", index, " is not held by lease ", lease_id));
+    }
+    const Entry& e = entries_[lease.entries[index]];
+    if (offset > e.size_bytes || dst.size() > e.size_bytes - offset) {
+      return absl::InvalidArgumentError(absl::StrCat("range [", offset, ", ", offset + dst.size(),
+                                                     ") is past the block's ", e.size_bytes, " bytes"));
+    }
+    src = allocator_->Data(e.slot) + offset;
+    ++lease.pins;
+  }
+  if (!dst.empty()) std::memcpy(dst.data(), src, dst.size());
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = leases_.find(lease_id);
+  Lease& lease = it->second;
+  if (--lease.pins == 0 && lease.dead) {
+    lease.dead = false;
+    EndLeaseLocked(lease_id, lease);
+  }
+  return absl::OkStatus();
+}
+
+uint32_t BlockStore::Release(std::span<const uint64_t> lease_ids) {
+  uint32_t released = 0;
+  std::lock_guard<std::mutex> lock(mu_);
+  for (uint64_t id : lease_ids) {
+    auto it = leases_.find(id);
+    if (it == leases_.end() || it->second.dead) continue;
+    ++released;
+    EndLeaseLocked(id, it->second);
+  }
+  ExpireLocked(clock_->Now());
+  return released;
+}
+
+absl::Status BlockStore::CorruptBlockForTest(const BlockKey& key, uint64_t offset) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = index_.find(key);
+  if (it == index_.end() || entries_[it->second].state != State::kCommitted) {
+    return absl::NotFoundError("block is not stored");
+  }
+  const Entry& e = entries_[it->second];
+  if (offset >= e.size_bytes) return absl::InvalidArgumentError("offset past the block");
+  allocator_->Data(e.slot)[offset] ^= std::byte{0x5a};
+  return absl::OkStatus();
+}
+
+}  // namespace kvtier::server

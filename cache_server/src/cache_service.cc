@@ -1,0 +1,216 @@
+#include "cache_service.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "kvtier/wire/wire.h"
+
+namespace kvtier::server {
+
+struct CacheServiceImpl::Parsed {
+  NamespaceRef ns;
+  std::vector<BlockKey> keys;
+};
+
+CacheServiceImpl::CacheServiceImpl(const ServerOptions& options, BlockStore& store, ServerMetrics& metrics)
+    : options_(options), store_(store), metrics_(metrics) {}
+
+absl::StatusOr<CacheServiceImpl::Parsed> CacheServiceImpl::Parse(const v1::Namespace& pns,
+                                                                 const v1::BlockKeys& pkeys) {
+  auto ns = wire::FromProto(pns);
+  if (!ns.ok()) return ns.status();
+  const uint64_t block_bytes = ns->layout.ShardBytes();
+  if (block_bytes > options_.max_block_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("namespace.layout: a block is ", block_bytes,
+                                                   " bytes, this server accepts at most ", options_.max_block_bytes));
+  }
+  auto keys = wire::DecodeKeys(pkeys, ns->layout.tp_size, options_.max_blocks_per_request);
+  if (!keys.ok()) return keys.status();
+  Parsed p;
+  p.ns = NamespaceRef{.id = ns->Id(), .tenant_id = tenants_.Intern(ns->tenant), .block_bytes = block_bytes};
+  p.keys = std::move(keys).value();
+  return p;
+}
+
+grpc::Status CacheServiceImpl::Finish(const char* method, absl::Time start, const grpc::Status& status) {
+  if (status.error_code() == grpc::StatusCode::INVALID_ARGUMENT) metrics_.CountInvalid();
+  metrics_.ObserveRpc(method, status.error_code(), absl::Now() - start);
+  return status;
+}
+
+grpc::Status CacheServiceImpl::Lookup(grpc::ServerContext*, const v1::LookupRequest* req, v1::LookupResponse* resp) {
+  const absl::Time start = absl::Now();
+  auto p = Parse(req->namespace_(), req->keys());
+  if (!p.ok()) return Finish("Lookup", start, wire::ToGrpc(p.status()));
+  auto r = store_.Lookup(p->ns, p->keys, absl::Milliseconds(req->lease_ms()));
+  resp->mutable_present()->Reserve(static_cast<int>(r.present.size()));
+  for (bool b : r.present) resp->add_present(b);
+  resp->set_lease_id(r.lease_id);
+  resp->set_lease_ms(static_cast<uint32_t>(absl::ToInt64Milliseconds(r.lease_ttl)));
+  return Finish("Lookup", start, grpc::Status::OK);
+}
+
+grpc::Status CacheServiceImpl::Allocate(grpc::ServerContext*, const v1::AllocateRequest* req,
+                                        v1::AllocateResponse* resp) {
+  const absl::Time start = absl::Now();
+  auto p = Parse(req->namespace_(), req->keys());
+  if (!p.ok()) return Finish("Allocate", start, wire::ToGrpc(p.status()));
+  auto r = store_.Allocate(p->ns, p->keys);
+  if (!r.ok()) return Finish("Allocate", start, wire::ToGrpc(r.status()));
+  resp->set_reservation_id(r->reservation_id);
+  resp->set_block_bytes(p->ns.block_bytes);
+  resp->set_reservation_ttl_ms(static_cast<uint32_t>(absl::ToInt64Milliseconds(r->ttl)));
+  for (AllocateOutcome o : r->outcomes) {
+    switch (o) {
+      case AllocateOutcome::kAllocated: resp->add_results(v1::ALLOCATE_RESULT_ALLOCATED); break;
+      case AllocateOutcome::kAlreadyPresent: resp->add_results(v1::ALLOCATE_RESULT_ALREADY_PRESENT); break;
+      case AllocateOutcome::kInProgress: resp->add_results(v1::ALLOCATE_RESULT_IN_PROGRESS); break;
+      case AllocateOutcome::kNoSpace: resp->add_results(v1::ALLOCATE_RESULT_NO_SPACE); break;
+    }
+  }
+  return Finish("Allocate", start, grpc::Status::OK);
+}
+
+grpc::Status CacheServiceImpl::WriteBlocks(grpc::ServerContext*, grpc::ServerReader<v1::WriteBlocksRequest>* reader,
+                                           v1::WriteBlocksResponse* resp) {
+  const absl::Time start = absl::Now();
+  v1::WriteBlocksRequest chunk;
+  uint64_t written = 0;
+  while (reader->Read(&chunk)) {
+    const std::string& data = chunk.data();
+    absl::Status s = store_.Write(chunk.reservation_id(), chunk.index(), chunk.offset(),
+                                  std::span<const std::byte>(reinterpret_cast<const std::byte*>(data.data()),
+                                                             data.size()));
+    if (!s.ok()) return Finish("WriteBlocks", start, wire::ToGrpc(s));
+    written += data.size();
+  }
+  resp->set_bytes_written(written);
+  return Finish("WriteBlocks", start, grpc::Status::OK);
+}
+
+grpc::Status CacheServiceImpl::Commit(grpc::ServerContext*, const v1::CommitRequest* req, v1::CommitResponse* resp) {
+  const absl::Time start = absl::Now();
+  std::vector<uint64_t> sums(req->checksums().begin(), req->checksums().end());
+  auto r = store_.Commit(req->reservation_id(), sums);
+  if (!r.ok()) return Finish("Commit", start, wire::ToGrpc(r.status()));
+  for (CommitOutcome o : *r) {
+    switch (o) {
+      case CommitOutcome::kCommitted: resp->add_results(v1::COMMIT_RESULT_COMMITTED); break;
+      case CommitOutcome::kChecksumMismatch: resp->add_results(v1::COMMIT_RESULT_CHECKSUM_MISMATCH); break;
+      case CommitOutcome::kIncomplete: resp->add_results(v1::COMMIT_RESULT_INCOMPLETE); break;
+      case CommitOutcome::kNotAllocated: resp->add_results(v1::COMMIT_RESULT_NOT_ALLOCATED); break;
+    }
+  }
+  return Finish("Commit", start, grpc::Status::OK);
+}
+
+grpc::Status CacheServiceImpl::Abort(grpc::ServerContext*, const v1::AbortRequest* req, v1::AbortResponse*) {
+  const absl::Time start = absl::Now();
+  store_.Abort(req->reservation_id());
+  return Finish("Abort", start, grpc::Status::OK);
+}
+
+grpc::Status CacheServiceImpl::Read(grpc::ServerContext* ctx, const v1::ReadRequest* req,
+                                    grpc::ServerWriter<v1::ReadResponse>* writer) {
+  const absl::Time start = absl::Now();
+  auto p = Parse(req->namespace_(), req->keys());
+  if (!p.ok()) return Finish("Read", start, wire::ToGrpc(p.status()));
+  BlockStore::ReadLease lease = store_.AcquireRead(p->ns, p->keys, absl::Milliseconds(req->lease_ms()));
+  v1::ReadResponse head;
+  head.set_lease_id(lease.lease_id);
+  for (const ReadBlockInfo& b : lease.blocks) {
+    v1::BlockStatus* s = head.add_blocks();
+    s->set_present(b.present);
+    s->set_size_bytes(b.size_bytes);
+    s->set_checksum(b.checksum);
+  }
+  grpc::Status status = grpc::Status::OK;
+  if (!writer->Write(head)) status = grpc::Status(grpc::StatusCode::CANCELLED, "client went away");
+  v1::ReadResponse chunk;
+  for (size_t i = 0; status.ok() && i < lease.blocks.size(); ++i) {
+    const ReadBlockInfo& b = lease.blocks[i];
+    if (!b.present) continue;
+    for (uint64_t off = 0; off < b.size_bytes && status.ok(); off += options_.stream_chunk_bytes) {
+      if (ctx->IsCancelled()) {
+        status = grpc::Status(grpc::StatusCode::CANCELLED, "cancelled by the client");
+        break;
+      }
+      const uint64_t n = std::min<uint64_t>(options_.stream_chunk_bytes, b.size_bytes - off);
+      chunk.set_index(static_cast<uint32_t>(i));
+      chunk.set_offset(off);
+      std::string* data = chunk.mutable_data();
+      data->resize(n);
+      absl::Status s = store_.CopyOut(lease.lease_id, static_cast<uint32_t>(i), off,
+                                      std::span<std::byte>(reinterpret_cast<std::byte*>(data->data()), n));
+      if (!s.ok()) {
+        // The lease expired under a slow reader: abort so the client counts these blocks as misses.
+        status = grpc::Status(grpc::StatusCode::ABORTED, std::string(s.message()));
+        break;
+      }
+      if (!writer->Write(chunk)) status = grpc::Status(grpc::StatusCode::CANCELLED, "client went away");
+    }
+  }
+  if (!req->hold_lease() && lease.lease_id != 0) {
+    const uint64_t id = lease.lease_id;
+    store_.Release(std::span<const uint64_t>(&id, 1));
+  }
+  return Finish("Read", start, status);
+}
+
+grpc::Status CacheServiceImpl::Release(grpc::ServerContext*, const v1::ReleaseRequest* req,
+                                       v1::ReleaseResponse* resp) {
+  const absl::Time start = absl::Now();
+  std::vector<uint64_t> ids(req->lease_ids().begin(), req->lease_ids().end());
+  resp->set_released(store_.Release(ids));
+  return Finish("Release", start, grpc::Status::OK);
+}
+
+AdminServiceImpl::AdminServiceImpl(const ServerOptions& options, const BlockStore& store,
+                                   const ServerMetrics& metrics)
+    : options_(options), store_(store), metrics_(metrics) {}
+
+grpc::Status AdminServiceImpl::GetInfo(grpc::ServerContext*, const v1::GetInfoRequest*, v1::GetInfoResponse* resp) {
+  resp->set_node_id(options_.node_id);
+  resp->set_version("0.1.0");
+  resp->set_transport("grpc");
+  v1::TierInfo* host = resp->add_tiers();
+  host->set_tier("host");
+  host->set_capacity_bytes(store_.capacity_bytes());
+  host->set_used_bytes(store_.stats().stored_bytes.load(std::memory_order_relaxed));
+  host->set_blocks(store_.stats().stored_blocks.load(std::memory_order_relaxed));
+  resp->set_uptime_ms(static_cast<uint64_t>(absl::ToInt64Milliseconds(absl::Now() - start_)));
+  resp->set_eviction_policy(store_.eviction_policy_name());
+  resp->set_max_block_bytes(options_.max_block_bytes);
+  resp->set_max_blocks_per_request(options_.max_blocks_per_request);
+  return grpc::Status::OK;
+}
+
+grpc::Status AdminServiceImpl::GetStats(grpc::ServerContext*, const v1::GetStatsRequest*,
+                                        v1::GetStatsResponse* resp) {
+  const BlockStoreStats& s = store_.stats();
+  auto v = [](const std::atomic<uint64_t>& a) { return a.load(std::memory_order_relaxed); };
+  resp->set_node_id(options_.node_id);
+  resp->set_lookup_requests(v(s.lookup_requests));
+  resp->set_lookup_blocks_hit(v(s.lookup_blocks_hit));
+  resp->set_lookup_blocks_miss(v(s.lookup_blocks_miss));
+  resp->set_read_blocks(v(s.read_blocks));
+  resp->set_read_bytes(v(s.read_bytes));
+  resp->set_read_blocks_miss(v(s.read_blocks_miss));
+  resp->set_committed_blocks(v(s.committed_blocks));
+  resp->set_committed_bytes(v(s.committed_bytes));
+  resp->set_already_present(v(s.already_present));
+  resp->set_evictions(v(s.evictions));
+  resp->set_rejections_no_space(v(s.rejections_no_space));
+  resp->set_rejections_invalid(metrics_.invalid_requests());
+  resp->set_checksum_failures(v(s.checksum_failures));
+  resp->set_expired_reservations(v(s.expired_reservations));
+  resp->set_expired_leases(v(s.expired_leases));
+  resp->set_active_leases(v(s.active_leases));
+  resp->set_active_reservations(v(s.active_reservations));
+  resp->set_stored_blocks(v(s.stored_blocks));
+  resp->set_stored_bytes(v(s.stored_bytes));
+  resp->set_capacity_bytes(store_.capacity_bytes());
+  return grpc::Status::OK;
+}
+
+}  // namespace kvtier::server

@@ -1,0 +1,61 @@
+// gRPC implementations of kvtier.v1.CacheService and kvtier.v1.AdminService over one BlockStore.
+#ifndef KVTIER_SERVER_SRC_CACHE_SERVICE_H_
+#define KVTIER_SERVER_SRC_CACHE_SERVICE_H_
+
+#include "absl/time/time.h"
+#include "kvtier/server/block_store.h"
+#include "kvtier/server/server_options.h"
+#include "kvtier/v1/admin.grpc.pb.h"
+#include "kvtier/v1/cache.grpc.pb.h"
+#include "server_metrics.h"
+#include "tenant_registry.h"
+
+namespace kvtier::server {
+
+// Validates every request (namespace, key counts, shards, sizes) before touching the store.
+// Thread-safety: gRPC calls the handlers concurrently; all state is in the thread-safe store.
+class CacheServiceImpl final : public v1::CacheService::Service {
+ public:
+  CacheServiceImpl(const ServerOptions& options, BlockStore& store, ServerMetrics& metrics);
+
+  grpc::Status Lookup(grpc::ServerContext* ctx, const v1::LookupRequest* req, v1::LookupResponse* resp) override;
+  grpc::Status Allocate(grpc::ServerContext* ctx, const v1::AllocateRequest* req,
+                        v1::AllocateResponse* resp) override;
+  grpc::Status WriteBlocks(grpc::ServerContext* ctx, grpc::ServerReader<v1::WriteBlocksRequest>* reader,
+                           v1::WriteBlocksResponse* resp) override;
+  grpc::Status Commit(grpc::ServerContext* ctx, const v1::CommitRequest* req, v1::CommitResponse* resp) override;
+  grpc::Status Abort(grpc::ServerContext* ctx, const v1::AbortRequest* req, v1::AbortResponse* resp) override;
+  grpc::Status Read(grpc::ServerContext* ctx, const v1::ReadRequest* req,
+                    grpc::ServerWriter<v1::ReadResponse>* writer) override;
+  grpc::Status Release(grpc::ServerContext* ctx, const v1::ReleaseRequest* req, v1::ReleaseResponse* resp) override;
+
+ private:
+  struct Parsed;
+  // Namespace and keys of a request, validated. Errors: InvalidArgument (counted as a rejection).
+  absl::StatusOr<Parsed> Parse(const v1::Namespace& ns, const v1::BlockKeys& keys);
+  grpc::Status Finish(const char* method, absl::Time start, const grpc::Status& status);
+
+  const ServerOptions& options_;
+  BlockStore& store_;
+  ServerMetrics& metrics_;
+  TenantRegistry tenants_;
+};
+
+class AdminServiceImpl final : public v1::AdminService::Service {
+ public:
+  AdminServiceImpl(const ServerOptions& options, const BlockStore& store, const ServerMetrics& metrics);
+
+  grpc::Status GetInfo(grpc::ServerContext* ctx, const v1::GetInfoRequest* req, v1::GetInfoResponse* resp) override;
+  grpc::Status GetStats(grpc::ServerContext* ctx, const v1::GetStatsRequest* req,
+                        v1::GetStatsResponse* resp) override;
+
+ private:
+  const ServerOptions& options_;
+  const BlockStore& store_;
+  const ServerMetrics& metrics_;
+  absl::Time start_ = absl::Now();
+};
+
+}  // namespace kvtier::server
+
+#endif  // KVTIER_SERVER_SRC_CACHE_SERVICE_H_

@@ -1,0 +1,150 @@
+#include "kvtier/server/server.h"
+
+#include <prometheus/exposer.h>
+
+#include <condition_variable>
+#include <cstdio>
+#include <fstream>
+#include <mutex>
+#include <thread>
+
+#include <grpcpp/health_check_service_interface.h>
+
+#include "absl/strings/str_cat.h"
+#include "cache_service.h"
+#include "kvtier/server/block_store.h"
+#include "kvtier/wire/wire.h"
+#include "server_metrics.h"
+
+namespace kvtier::server {
+namespace {
+
+// Writes `text` to `path` atomically (temporary file + rename), so readers never see a partial file.
+absl::Status WriteFileAtomically(const std::string& path, const std::string& text) {
+  const std::string tmp = absl::StrCat(path, ".tmp");
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    if (!out) return absl::InternalError(absl::StrCat("cannot write ", tmp));
+    out << text;
+    if (!out.flush()) return absl::InternalError(absl::StrCat("cannot write ", tmp));
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) return absl::InternalError(absl::StrCat("cannot rename to ", path));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+struct Server::Impl {
+  ServerOptions options;
+  std::unique_ptr<BlockStore> store;
+  std::unique_ptr<ServerMetrics> metrics;
+  std::unique_ptr<CacheServiceImpl> cache_service;
+  std::unique_ptr<AdminServiceImpl> admin_service;
+  std::unique_ptr<grpc::Server> grpc_server;
+  std::unique_ptr<prometheus::Exposer> exposer;
+  int grpc_port = 0;
+  int metrics_port = 0;
+
+  std::mutex mu;
+  std::condition_variable cv;
+  bool stopping = false;  // guarded by mu
+  bool stopped = false;   // guarded by mu
+  std::thread expiry_thread;
+
+  void ExpiryLoop() {
+    std::unique_lock<std::mutex> lock(mu);
+    while (!stopping) {
+      cv.wait_for(lock, absl::ToChronoMilliseconds(options.expiry_interval));
+      if (stopping) break;
+      lock.unlock();
+      store->ExpireNow();
+      lock.lock();
+    }
+  }
+};
+
+Server::Server(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+Server::~Server() { Shutdown(); }
+
+absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& options) {
+  if (absl::Status s = options.Validate(); !s.ok()) return s;
+  auto impl = std::make_unique<Impl>();
+  impl->options = options;
+  auto store = BlockStore::Create({.capacity_bytes = options.host_cache_bytes,
+                                   .slab_bytes = options.slab_bytes,
+                                   .eviction_policy = options.eviction_policy,
+                                   .default_lease_ttl = options.default_lease_ttl,
+                                   .max_lease_ttl = options.max_lease_ttl,
+                                   .reservation_ttl = options.reservation_ttl});
+  if (!store.ok()) return store.status();
+  impl->store = std::move(store).value();
+  impl->metrics = std::make_unique<ServerMetrics>(*impl->store, options.node_id);
+  impl->cache_service = std::make_unique<CacheServiceImpl>(impl->options, *impl->store, *impl->metrics);
+  impl->admin_service = std::make_unique<AdminServiceImpl>(impl->options, *impl->store, *impl->metrics);
+
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::ServerBuilder builder;
+  wire::ConfigureServerBuilder(builder, options.max_message_bytes);
+  builder.AddListeningPort(options.listen_address, grpc::InsecureServerCredentials(), &impl->grpc_port);
+  builder.RegisterService(impl->cache_service.get());
+  builder.RegisterService(impl->admin_service.get());
+  impl->grpc_server = builder.BuildAndStart();
+  if (impl->grpc_server == nullptr || impl->grpc_port == 0) {
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", options.listen_address));
+  }
+
+  if (!options.metrics_address.empty()) {
+    try {
+      impl->exposer = std::make_unique<prometheus::Exposer>(options.metrics_address);
+    } catch (const std::exception& e) {
+      impl->grpc_server->Shutdown();
+      return absl::UnavailableError(absl::StrCat("cannot serve /metrics on ", options.metrics_address, ": ", e.what()));
+    }
+    impl->exposer->RegisterCollectable(impl->metrics->registry());
+    impl->exposer->RegisterCollectable(impl->metrics->store_collectable());
+    auto ports = impl->exposer->GetListeningPorts();
+    impl->metrics_port = ports.empty() ? 0 : ports.front();
+  }
+
+  impl->expiry_thread = std::thread([p = impl.get()] { p->ExpiryLoop(); });
+  auto server = std::unique_ptr<Server>(new Server(std::move(impl)));
+  if (!options.port_file.empty()) {
+    absl::Status s = WriteFileAtomically(
+        options.port_file, absl::StrCat(server->grpc_port(), " ", server->metrics_port(), "\n"));
+    if (!s.ok()) return s;  // ~Server shuts down
+  }
+  return server;
+}
+
+void Server::Shutdown() {
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    if (impl_->stopping) {
+      return;
+    }
+    impl_->stopping = true;
+  }
+  impl_->cv.notify_all();
+  // In-flight RPCs get a short grace period, then are cancelled.
+  impl_->grpc_server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+  if (impl_->expiry_thread.joinable()) impl_->expiry_thread.join();
+  impl_->exposer.reset();
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    impl_->stopped = true;
+  }
+  impl_->cv.notify_all();
+}
+
+void Server::Wait() {
+  std::unique_lock<std::mutex> lock(impl_->mu);
+  impl_->cv.wait(lock, [this] { return impl_->stopped; });
+}
+
+int Server::grpc_port() const { return impl_->grpc_port; }
+int Server::metrics_port() const { return impl_->metrics_port; }
+const ServerOptions& Server::options() const { return impl_->options; }
+BlockStore& Server::store_for_test() { return *impl_->store; }
+
+}  // namespace kvtier::server

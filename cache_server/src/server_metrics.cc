@@ -1,0 +1,154 @@
+#include "server_metrics.h"
+
+#include <prometheus/metric_family.h>
+
+#include <mutex>
+#include <utility>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+
+namespace kvtier::server {
+namespace {
+
+const char* CodeName(int code) {
+  static const char* kNames[] = {"OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED",
+                                 "NOT_FOUND", "ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED",
+                                 "FAILED_PRECONDITION", "ABORTED", "OUT_OF_RANGE", "UNIMPLEMENTED",
+                                 "INTERNAL", "UNAVAILABLE", "DATA_LOSS", "UNAUTHENTICATED"};
+  return code >= 0 && code <= 16 ? kNames[code] : "UNKNOWN";
+}
+
+prometheus::MetricFamily Family(const char* name, const char* help, prometheus::MetricType type) {
+  prometheus::MetricFamily f;
+  f.name = name;
+  f.help = help;
+  f.type = type;
+  return f;
+}
+
+void Add(prometheus::MetricFamily& f, double value, std::vector<prometheus::ClientMetric::Label> labels = {}) {
+  prometheus::ClientMetric m;
+  m.label = std::move(labels);
+  if (f.type == prometheus::MetricType::Counter) m.counter.value = value; else m.gauge.value = value;
+  f.metric.push_back(std::move(m));
+}
+
+// Reads the store's atomics when scraped, so the hot path pays nothing for metrics.
+class StoreCollectable final : public prometheus::Collectable {
+ public:
+  StoreCollectable(const BlockStore& store, const ServerMetrics& metrics)
+      : store_(store), metrics_(metrics) {}
+
+  std::vector<prometheus::MetricFamily> Collect() const override {
+    using prometheus::MetricType;
+    const BlockStoreStats& s = store_.stats();
+    auto v = [](const std::atomic<uint64_t>& a) { return static_cast<double>(a.load(std::memory_order_relaxed)); };
+    std::vector<prometheus::MetricFamily> out;
+
+    auto lookups = Family("kvtier_lookup_blocks_total", "Blocks asked of existence queries, by result.",
+                          MetricType::Counter);
+    Add(lookups, v(s.lookup_blocks_hit), {{"result", "hit"}});
+    Add(lookups, v(s.lookup_blocks_miss), {{"result", "miss"}});
+    out.push_back(std::move(lookups));
+
+    auto lookup_requests = Family("kvtier_lookup_requests_total", "Existence queries served.", MetricType::Counter);
+    Add(lookup_requests, v(s.lookup_requests));
+    out.push_back(std::move(lookup_requests));
+
+    auto read_blocks = Family("kvtier_read_blocks_total", "Blocks asked of reads, by result.", MetricType::Counter);
+    Add(read_blocks, v(s.read_blocks), {{"result", "hit"}});
+    Add(read_blocks, v(s.read_blocks_miss), {{"result", "miss"}});
+    out.push_back(std::move(read_blocks));
+
+    auto transfer = Family("kvtier_transfer_bytes_total", "Payload bytes moved, by direction and transport.",
+                           MetricType::Counter);
+    Add(transfer, v(s.read_bytes), {{"direction", "read"}, {"transport", "grpc"}});
+    Add(transfer, v(s.committed_bytes), {{"direction", "write"}, {"transport", "grpc"}});
+    out.push_back(std::move(transfer));
+
+    auto committed = Family("kvtier_committed_blocks_total", "Blocks made visible by a verified commit.",
+                            MetricType::Counter);
+    Add(committed, v(s.committed_blocks));
+    out.push_back(std::move(committed));
+
+    auto present = Family("kvtier_put_already_present_total", "Puts of blocks already stored (counted as accesses).",
+                          MetricType::Counter);
+    Add(present, v(s.already_present));
+    out.push_back(std::move(present));
+
+    auto evictions = Family("kvtier_evictions_total", "Blocks evicted, by tier.", MetricType::Counter);
+    Add(evictions, v(s.evictions), {{"tier", "host"}});
+    out.push_back(std::move(evictions));
+
+    auto rejections = Family("kvtier_rejections_total", "Requests or blocks refused, by reason.", MetricType::Counter);
+    Add(rejections, v(s.rejections_no_space), {{"reason", "no_space"}});
+    Add(rejections, static_cast<double>(metrics_.invalid_requests()), {{"reason", "invalid_argument"}});
+    out.push_back(std::move(rejections));
+
+    auto checksum = Family("kvtier_checksum_failures_total", "Blocks whose bytes failed their checksum.",
+                           MetricType::Counter);
+    Add(checksum, v(s.checksum_failures), {{"stage", "commit"}});
+    out.push_back(std::move(checksum));
+
+    auto expired = Family("kvtier_expired_total", "Leases and reservations that expired unreleased.",
+                          MetricType::Counter);
+    Add(expired, v(s.expired_leases), {{"kind", "lease"}});
+    Add(expired, v(s.expired_reservations), {{"kind", "reservation"}});
+    out.push_back(std::move(expired));
+
+    auto leases = Family("kvtier_active_leases", "Read leases held now.", MetricType::Gauge);
+    Add(leases, v(s.active_leases));
+    out.push_back(std::move(leases));
+
+    auto reservations = Family("kvtier_active_reservations", "Uncommitted put reservations held now.",
+                               MetricType::Gauge);
+    Add(reservations, v(s.active_reservations));
+    out.push_back(std::move(reservations));
+
+    auto blocks = Family("kvtier_stored_blocks", "Committed blocks, by tier.", MetricType::Gauge);
+    Add(blocks, v(s.stored_blocks), {{"tier", "host"}});
+    out.push_back(std::move(blocks));
+
+    auto stored = Family("kvtier_stored_bytes", "Bytes of slots in use (committed and reserved), by tier.",
+                         MetricType::Gauge);
+    Add(stored, v(s.stored_bytes), {{"tier", "host"}});
+    out.push_back(std::move(stored));
+
+    auto capacity = Family("kvtier_capacity_bytes", "Bytes each tier may hold.", MetricType::Gauge);
+    Add(capacity, static_cast<double>(store_.capacity_bytes()), {{"tier", "host"}});
+    out.push_back(std::move(capacity));
+    return out;
+  }
+
+ private:
+  const BlockStore& store_;
+  const ServerMetrics& metrics_;
+};
+
+}  // namespace
+
+ServerMetrics::ServerMetrics(const BlockStore& store, std::string node_id)
+    : registry_(std::make_shared<prometheus::Registry>()) {
+  rpc_duration_ = &prometheus::BuildHistogram()
+                       .Name("kvtier_rpc_duration_seconds")
+                       .Help("Server-side RPC latency, by method and gRPC status code.")
+                       .Register(*registry_);
+  prometheus::BuildGauge()
+      .Name("kvtier_build_info")
+      .Help("Build of this server (always 1).")
+      .Register(*registry_)
+      .Add({{"version", "0.1.0"}, {"node_id", std::move(node_id)}})
+      .Set(1);
+  store_collectable_ = std::make_shared<StoreCollectable>(store, *this);
+}
+
+void ServerMetrics::ObserveRpc(const char* method, int code, absl::Duration elapsed) {
+  static const prometheus::Histogram::BucketBoundaries kBuckets = {
+      0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5};
+  rpc_duration_->Add({{"method", method}, {"code", CodeName(code)}}, kBuckets)
+      .Observe(absl::ToDoubleSeconds(elapsed));
+}
+
+}  // namespace kvtier::server

@@ -1,0 +1,43 @@
+// Prometheus metrics of one server: RPC latency histograms (prometheus-cpp families) and the block
+// store's counters, read at scrape time.
+#ifndef KVTIER_SERVER_SRC_SERVER_METRICS_H_
+#define KVTIER_SERVER_SRC_SERVER_METRICS_H_
+
+#include <memory>
+#include <string>
+
+#include <prometheus/collectable.h>
+#include <prometheus/family.h>
+#include <prometheus/histogram.h>
+#include <prometheus/registry.h>
+
+#include "absl/time/time.h"
+#include "kvtier/server/block_store.h"
+
+namespace kvtier::server {
+
+// Thread-safety: ObserveRpc may be called concurrently; Collect runs on the exposer's thread.
+class ServerMetrics {
+ public:
+  ServerMetrics(const BlockStore& store, std::string node_id);
+
+  // Records one RPC of `method` that ended with gRPC status `code` after `elapsed`.
+  void ObserveRpc(const char* method, int code, absl::Duration elapsed);
+  // Counts a request refused before it reached the store (INVALID_ARGUMENT).
+  void CountInvalid() { invalid_requests_.fetch_add(1, std::memory_order_relaxed); }
+  uint64_t invalid_requests() const { return invalid_requests_.load(std::memory_order_relaxed); }
+
+  // What the exposer serves: the registry (histograms) and the store's counters.
+  std::shared_ptr<prometheus::Registry> registry() const { return registry_; }
+  std::shared_ptr<prometheus::Collectable> store_collectable() const { return store_collectable_; }
+
+ private:
+  std::shared_ptr<prometheus::Registry> registry_;
+  prometheus::Family<prometheus::Histogram>* rpc_duration_;
+  std::shared_ptr<prometheus::Collectable> store_collectable_;
+  std::atomic<uint64_t> invalid_requests_{0};
+};
+
+}  // namespace kvtier::server
+
+#endif  // KVTIER_SERVER_SRC_SERVER_METRICS_H_

@@ -1,0 +1,193 @@
+#include "kvtier/server/server_options.h"
+
+#include <fstream>
+#include <functional>
+#include <map>
+#include <sstream>
+
+#include <yaml-cpp/yaml.h>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace kvtier::server {
+namespace {
+
+absl::Status Bad(const std::string& key, const std::string& why) {
+  return absl::InvalidArgumentError(absl::StrCat(key, ": ", why));
+}
+
+bool ValidHostPort(const std::string& s) {
+  const size_t colon = s.rfind(':');
+  if (colon == std::string::npos || colon == 0) return false;
+  int port = 0;
+  return absl::SimpleAtoi(s.substr(colon + 1), &port) && port >= 0 && port <= 65535;
+}
+
+// "123", "64MiB", "2GiB", "512KiB", "1GB", "10MB", "4KB".
+absl::StatusOr<uint64_t> ParseBytes(const std::string& key, const std::string& text) {
+  static const std::pair<const char*, uint64_t> kSuffixes[] = {
+      {"KiB", 1ULL << 10}, {"MiB", 1ULL << 20}, {"GiB", 1ULL << 30}, {"TiB", 1ULL << 40},
+      {"KB", 1000ULL}, {"MB", 1000ULL * 1000}, {"GB", 1000ULL * 1000 * 1000}, {"B", 1}};
+  std::string t(absl::StripAsciiWhitespace(text));
+  uint64_t mult = 1;
+  for (const auto& [suffix, m] : kSuffixes) {
+    const std::string sfx = suffix;
+    if (t.size() > sfx.size() && t.compare(t.size() - sfx.size(), sfx.size(), sfx) == 0) {
+      t = std::string(absl::StripAsciiWhitespace(t.substr(0, t.size() - sfx.size())));
+      mult = m;
+      break;
+    }
+  }
+  uint64_t v = 0;
+  if (!absl::SimpleAtoi(t, &v)) {
+    return Bad(key, absl::StrCat("\"", text, "\" is not a size (bytes, or a number with KiB/MiB/GiB/TiB/KB/MB/GB)"));
+  }
+  if (v != 0 && mult > UINT64_MAX / v) return Bad(key, "size overflows 64 bits");
+  return v * mult;
+}
+
+absl::StatusOr<absl::Duration> ParseDurationKey(const std::string& key, const std::string& text) {
+  absl::Duration d;
+  if (!absl::ParseDuration(std::string(absl::StripAsciiWhitespace(text)), &d)) {
+    return Bad(key, absl::StrCat("\"", text, "\" is not a duration (e.g. \"10s\", \"200ms\")"));
+  }
+  return d;
+}
+
+using Setter = std::function<absl::Status(const std::string& key, const YAML::Node& value, ServerOptions& o)>;
+
+Setter String(std::string ServerOptions::*field) {
+  return [field](const std::string& key, const YAML::Node& v, ServerOptions& o) -> absl::Status {
+    if (!v.IsScalar()) return Bad(key, "must be a string");
+    o.*field = v.as<std::string>();
+    return absl::OkStatus();
+  };
+}
+template <typename T>
+Setter Bytes(T ServerOptions::*field) {
+  return [field](const std::string& key, const YAML::Node& v, ServerOptions& o) -> absl::Status {
+    if (!v.IsScalar()) return Bad(key, "must be a size");
+    auto b = ParseBytes(key, v.as<std::string>());
+    if (!b.ok()) return b.status();
+    if (*b > std::numeric_limits<T>::max()) return Bad(key, "too large");
+    o.*field = static_cast<T>(*b);
+    return absl::OkStatus();
+  };
+}
+Setter Duration(absl::Duration ServerOptions::*field) {
+  return [field](const std::string& key, const YAML::Node& v, ServerOptions& o) -> absl::Status {
+    if (!v.IsScalar()) return Bad(key, "must be a duration");
+    auto d = ParseDurationKey(key, v.as<std::string>());
+    if (!d.ok()) return d.status();
+    o.*field = *d;
+    return absl::OkStatus();
+  };
+}
+
+const std::map<std::string, std::map<std::string, Setter>>& Schema() {
+  static const auto* schema = new std::map<std::string, std::map<std::string, Setter>>{
+      {"server",
+       {{"node_id", String(&ServerOptions::node_id)},
+        {"listen_address", String(&ServerOptions::listen_address)},
+        {"metrics_address", String(&ServerOptions::metrics_address)},
+        {"port_file", String(&ServerOptions::port_file)}}},
+      {"host_tier",
+       {{"capacity_bytes", Bytes(&ServerOptions::host_cache_bytes)},
+        {"slab_bytes", Bytes(&ServerOptions::slab_bytes)}}},
+      {"limits",
+       {{"max_block_bytes", Bytes(&ServerOptions::max_block_bytes)},
+        {"max_blocks_per_request", Bytes(&ServerOptions::max_blocks_per_request)},
+        {"max_message_bytes", Bytes(&ServerOptions::max_message_bytes)},
+        {"stream_chunk_bytes", Bytes(&ServerOptions::stream_chunk_bytes)}}},
+      {"eviction", {{"policy", String(&ServerOptions::eviction_policy)}}},
+      {"leases",
+       {{"default_ttl", Duration(&ServerOptions::default_lease_ttl)},
+        {"max_ttl", Duration(&ServerOptions::max_lease_ttl)},
+        {"reservation_ttl", Duration(&ServerOptions::reservation_ttl)},
+        {"expiry_interval", Duration(&ServerOptions::expiry_interval)}}},
+  };
+  return *schema;
+}
+
+}  // namespace
+
+absl::Status ServerOptions::Validate() const {
+  if (node_id.empty()) return Bad("server.node_id", "is required (a stable id such as the host name)");
+  if (node_id.size() > 255) return Bad("server.node_id", "must be at most 255 bytes");
+  if (!ValidHostPort(listen_address)) return Bad("server.listen_address", "must be host:port");
+  if (!metrics_address.empty() && !ValidHostPort(metrics_address)) {
+    return Bad("server.metrics_address", "must be host:port or empty");
+  }
+  if (host_cache_bytes == 0) return Bad("host_tier.capacity_bytes", "must be > 0");
+  if (slab_bytes == 0) return Bad("host_tier.slab_bytes", "must be > 0");
+  if (max_block_bytes == 0) return Bad("limits.max_block_bytes", "must be > 0");
+  if (max_block_bytes > slab_bytes) {
+    return Bad("limits.max_block_bytes", absl::StrCat("must be <= host_tier.slab_bytes (", slab_bytes, ")"));
+  }
+  if (max_blocks_per_request == 0) return Bad("limits.max_blocks_per_request", "must be > 0");
+  if (max_message_bytes < (4ULL << 20) || max_message_bytes > (1ULL << 31) - 1) {
+    return Bad("limits.max_message_bytes", "must be in [4MiB, 2GiB)");
+  }
+  if (stream_chunk_bytes == 0 || stream_chunk_bytes + (64 << 10) > max_message_bytes) {
+    return Bad("limits.stream_chunk_bytes", "must be > 0 and leave 64 KiB of headroom below max_message_bytes");
+  }
+  if (eviction_policy != "lru") return Bad("eviction.policy", "must be one of: lru");
+  if (default_lease_ttl <= absl::ZeroDuration()) return Bad("leases.default_ttl", "must be > 0");
+  if (max_lease_ttl < default_lease_ttl) return Bad("leases.max_ttl", "must be >= leases.default_ttl");
+  if (reservation_ttl <= absl::ZeroDuration()) return Bad("leases.reservation_ttl", "must be > 0");
+  if (expiry_interval <= absl::ZeroDuration()) return Bad("leases.expiry_interval", "must be > 0");
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ServerOptions> ParseServerConfig(const std::string& yaml_text) {
+  YAML::Node root;
+  try {
+    root = YAML::Load(yaml_text);
+  } catch (const YAML::Exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat("config is not valid YAML: ", e.what()));
+  }
+  ServerOptions options;
+  if (root.IsNull()) return options;
+  if (!root.IsMap()) return absl::InvalidArgumentError("config: the top level must be a mapping");
+  const auto& schema = Schema();
+  for (const auto& section : root) {
+    const std::string name = section.first.as<std::string>();
+    auto sit = schema.find(name);
+    if (sit == schema.end()) {
+      std::vector<std::string> known;
+      for (const auto& [k, _] : schema) known.push_back(k);
+      return Bad(name, absl::StrCat("unknown section; known: ", absl::StrJoin(known, ", ")));
+    }
+    if (section.second.IsNull()) continue;
+    if (!section.second.IsMap()) return Bad(name, "must be a mapping");
+    for (const auto& kv : section.second) {
+      const std::string key = kv.first.as<std::string>();
+      const std::string full = absl::StrCat(name, ".", key);
+      auto kit = sit->second.find(key);
+      if (kit == sit->second.end()) {
+        std::vector<std::string> known;
+        for (const auto& [k, _] : sit->second) known.push_back(k);
+        return Bad(full, absl::StrCat("unknown key; known in ", name, ": ", absl::StrJoin(known, ", ")));
+      }
+      try {
+        if (absl::Status s = kit->second(full, kv.second, options); !s.ok()) return s;
+      } catch (const YAML::Exception& e) {
+        return Bad(full, e.what());
+      }
+    }
+  }
+  return options;
+}
+
+absl::StatusOr<ServerOptions> LoadServerConfig(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat("config file ", path, " cannot be read"));
+  std::stringstream buf;
+  buf << in.rdbuf();
+  return ParseServerConfig(buf.str());
+}
+
+}  // namespace kvtier::server

@@ -1,0 +1,123 @@
+#include "kvtier/server/slab_allocator.h"
+
+#include <sys/mman.h>
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+
+namespace kvtier::server {
+
+absl::StatusOr<std::unique_ptr<SlabAllocator>> SlabAllocator::Create(const SlabAllocatorOptions& options) {
+  if (options.capacity_bytes == 0) return absl::InvalidArgumentError("capacity_bytes: must be > 0");
+  if (options.slab_bytes == 0) return absl::InvalidArgumentError("slab_bytes: must be > 0");
+  const uint64_t a = options.slot_alignment_bytes;
+  if (a == 0 || (a & (a - 1)) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("slot_alignment_bytes: must be a power of two, got ", a));
+  }
+  const uint64_t num_slabs = (options.capacity_bytes + options.slab_bytes - 1) / options.slab_bytes;
+  if (num_slabs > 0xffffffffULL) return absl::InvalidArgumentError("slab_bytes: too small for capacity_bytes");
+  // Reserve address space only: pages are touched (and counted as resident) as blocks are written.
+  void* p = mmap(nullptr, options.capacity_bytes, PROT_READ | PROT_WRITE,
+                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (p == MAP_FAILED) {
+    return absl::ResourceExhaustedError(absl::StrCat("mmap of ", options.capacity_bytes, " bytes failed"));
+  }
+  auto alloc = std::unique_ptr<SlabAllocator>(new SlabAllocator());
+  alloc->base_ = static_cast<std::byte*>(p);
+  alloc->capacity_bytes_ = options.capacity_bytes;
+  alloc->slab_bytes_ = options.slab_bytes;
+  alloc->alignment_ = a;
+  alloc->slabs_.resize(num_slabs);
+  for (uint64_t i = 0; i < num_slabs; ++i) {
+    Slab& s = alloc->slabs_[i];
+    s.offset = i * options.slab_bytes;
+    s.length = std::min(options.slab_bytes, options.capacity_bytes - s.offset);
+  }
+  // A stack: the short last slab at the bottom, so full-length slabs are handed out first.
+  for (uint64_t i = num_slabs; i-- > 0;) alloc->free_slabs_.push_back(static_cast<uint32_t>(i));
+  return alloc;
+}
+
+SlabAllocator::~SlabAllocator() {
+  if (base_ != nullptr) munmap(base_, capacity_bytes_);
+}
+
+uint64_t SlabAllocator::SlotBytes(uint64_t block_bytes) const {
+  return (block_bytes + alignment_ - 1) & ~(alignment_ - 1);
+}
+
+std::optional<SlotRef> SlabAllocator::Allocate(uint64_t block_bytes) {
+  if (block_bytes == 0 || block_bytes > slab_bytes_) return std::nullopt;
+  const uint64_t slot_bytes = SlotBytes(block_bytes);
+  SizeClass& cls = classes_[slot_bytes];
+  while (!cls.partial.empty()) {
+    const uint32_t id = cls.partial.back();
+    Slab& s = slabs_[id];
+    if (s.slot_bytes != slot_bytes || s.free_slots.empty()) {  // stale: released, reassigned or full
+      cls.partial.pop_back();
+      continue;
+    }
+    const uint32_t index = s.free_slots.back();
+    s.free_slots.pop_back();
+    ++s.used;
+    if (s.free_slots.empty()) {
+      cls.partial.pop_back();
+      s.in_partial_list = false;
+    }
+    used_bytes_ += slot_bytes;
+    return SlotRef{id, index};
+  }
+  // Take a free slab long enough for at least one slot. Short slabs that cannot hold one stay free.
+  for (size_t k = free_slabs_.size(); k-- > 0;) {
+    const uint32_t id = free_slabs_[k];
+    Slab& s = slabs_[id];
+    if (s.length < slot_bytes) continue;
+    free_slabs_.erase(free_slabs_.begin() + static_cast<std::ptrdiff_t>(k));
+    s.slot_bytes = slot_bytes;
+    s.num_slots = static_cast<uint32_t>(s.length / slot_bytes);
+    s.used = 1;
+    s.free_slots.clear();
+    s.free_slots.reserve(s.num_slots);
+    for (uint32_t i = s.num_slots; i-- > 1;) s.free_slots.push_back(i);  // slot 0 is handed out now
+    if (!s.free_slots.empty()) {
+      cls.partial.push_back(id);
+      s.in_partial_list = true;
+    }
+    used_bytes_ += slot_bytes;
+    return SlotRef{id, 0};
+  }
+  return std::nullopt;
+}
+
+void SlabAllocator::Free(SlotRef slot) {
+  Slab& s = slabs_[slot.slab];
+  used_bytes_ -= s.slot_bytes;
+  --s.used;
+  if (s.used == 0) {
+    // The whole slab returns to the pool; its class may reuse it or another class may take it.
+    s.slot_bytes = 0;
+    s.num_slots = 0;
+    s.free_slots.clear();
+    s.free_slots.shrink_to_fit();
+    s.in_partial_list = false;  // any entry left in a partial list is stale and skipped
+    free_slabs_.push_back(slot.slab);
+    return;
+  }
+  s.free_slots.push_back(slot.index);
+  if (!s.in_partial_list) {
+    classes_[s.slot_bytes].partial.push_back(slot.slab);
+    s.in_partial_list = true;
+  }
+}
+
+std::byte* SlabAllocator::Data(SlotRef slot) const {
+  const Slab& s = slabs_[slot.slab];
+  return base_ + s.offset + static_cast<uint64_t>(slot.index) * s.slot_bytes;
+}
+
+uint64_t SlabAllocator::SlotBytesOf(SlotRef slot) const { return slabs_[slot.slab].slot_bytes; }
+
+bool SlabAllocator::IsLastInSlab(SlotRef slot) const { return slabs_[slot.slab].used == 1; }
+
+}  // namespace kvtier::server

@@ -1,0 +1,30 @@
+# Optional CUDA, auto-detected. KVTIER_WITH_CUDA: AUTO (default) builds the CUDA sources when nvcc is
+# found, ON requires it, OFF never looks. Sets KVTIER_CUDA_ENABLED.
+set(KVTIER_WITH_CUDA AUTO CACHE STRING "AUTO|ON|OFF")
+set_property(CACHE KVTIER_WITH_CUDA PROPERTY STRINGS AUTO ON OFF)
+set(KVTIER_CUDA_ENABLED OFF)
+if(NOT KVTIER_WITH_CUDA STREQUAL "OFF")
+  include(CheckLanguage)
+  # check_language() looks only at $CUDACXX and PATH, and caches a miss: point it at nvcc first.
+  find_program(KVTIER_NVCC nvcc HINTS "$ENV{CUDA_HOME}/bin" /usr/local/cuda/bin)
+  if(KVTIER_NVCC AND NOT DEFINED ENV{CUDACXX} AND NOT DEFINED CMAKE_CUDA_COMPILER)
+    set(ENV{CUDACXX} "${KVTIER_NVCC}")
+  endif()
+  check_language(CUDA)
+  if(CMAKE_CUDA_COMPILER)
+    if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
+      set(CMAKE_CUDA_ARCHITECTURES 80 90 CACHE STRING "A100, H100/H200")
+    endif()
+    if(NOT DEFINED CMAKE_CUDA_HOST_COMPILER)
+      set(CMAKE_CUDA_HOST_COMPILER ${CMAKE_CXX_COMPILER})
+    endif()
+    enable_language(CUDA)
+    set(CMAKE_CUDA_STANDARD 17)            # CMake 3.25 cannot run nvcc in C++20 mode
+    set(CMAKE_CUDA_RUNTIME_LIBRARY Shared) # else cudart_static and libcudart.so both get linked
+    find_package(CUDAToolkit REQUIRED)
+    set(KVTIER_CUDA_ENABLED ON)
+  elseif(KVTIER_WITH_CUDA STREQUAL "ON")
+    message(FATAL_ERROR "KVTIER_WITH_CUDA=ON but no nvcc was found")
+  endif()
+endif()
+message(STATUS "kvtier: CUDA ${KVTIER_CUDA_ENABLED}")

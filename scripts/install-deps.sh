@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Installs the Debian 12 packages kvtier needs to build, test and run its demo.
+# Idempotent: packages already present are skipped, and apt is not touched when nothing is missing.
+# Usage: scripts/install-deps.sh   (as root, or with sudo available)
+set -euo pipefail
+
+PACKAGES=(
+  build-essential cmake ninja-build pkg-config git python3
+  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
+  libabsl-dev librocksdb-dev libucx-dev ucx-utils
+  libgtest-dev googletest libgmock-dev libbenchmark-dev
+  libyaml-cpp-dev libspdlog-dev libxxhash-dev libssl-dev prometheus-cpp-dev libcli11-dev nlohmann-json3-dev
+  curl procps
+)
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+
+if ((${#missing[@]} == 0)); then
+  echo "install-deps: all ${#PACKAGES[@]} packages present"
+  exit 0
+fi
+
+SUDO=""
+if [[ $(id -u) -ne 0 ]]; then SUDO="sudo"; fi
+echo "install-deps: installing ${missing[*]}"
+$SUDO apt-get update -qq
+DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"

@@ -1,0 +1,153 @@
+// kvtier-server as a real process: health, /metrics, SIGTERM, kill -9, bad config.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+
+#include "grpc/health/v1/health.grpc.pb.h"
+#include "kvtier/client/client.h"
+#include "kvtier/common/fingerprint.h"
+#include "testing/server_process.h"
+#include "testing/status_matchers.h"
+
+namespace kvtier {
+namespace {
+
+using testing::ServerProcess;
+
+Namespace TestNamespace() {
+  Namespace ns;
+  ns.tenant = "acme";
+  ns.model = "llama-test";
+  ns.layout = {.num_layers = 2, .num_kv_heads = 2, .head_dim = 64, .block_tokens = 16};
+  return ns;
+}
+
+// GET http://127.0.0.1:port/metrics with a plain socket; returns the body.
+std::string ScrapeMetrics(int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    close(fd);
+    return "";
+  }
+  const std::string req = "GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
+  (void)!write(fd, req.data(), req.size());
+  std::string out;
+  char buf[4096];
+  ssize_t n;
+  while ((n = read(fd, buf, sizeof(buf))) > 0) out.append(buf, static_cast<size_t>(n));
+  close(fd);
+  return out;
+}
+
+std::vector<std::byte> Bytes(uint64_t size, uint8_t seed) {
+  std::vector<std::byte> b(size);
+  for (size_t i = 0; i < size; ++i) b[i] = static_cast<std::byte>((i * 31 + seed) & 0xff);
+  return b;
+}
+
+TEST(ServerProcessTest, ServesHealthMetricsAndBlocksThenStopsCleanlyOnSigterm) {
+  auto proc = ServerProcess::Start("proc-a");
+  ASSERT_OK(proc);
+  // grpc.health.v1 answers SERVING.
+  auto channel = grpc::CreateChannel((*proc)->address(), grpc::InsecureChannelCredentials());
+  auto health = grpc::health::v1::Health::NewStub(channel);
+  grpc::health::v1::HealthCheckRequest hreq;
+  grpc::health::v1::HealthCheckResponse hresp;
+  grpc::ClientContext hctx;
+  ASSERT_TRUE(health->Check(&hctx, hreq, &hresp).ok());
+  EXPECT_EQ(hresp.status(), grpc::health::v1::HealthCheckResponse::SERVING);
+
+  auto client = client::Client::Connect({.members = {(*proc)->address()}});
+  ASSERT_OK(client);
+  ASSERT_EQ((*client)->members().at(0).node_id, "proc-a");  // the id the member reports
+  const Namespace ns = TestNamespace();
+  std::vector<uint32_t> tokens(48);
+  for (uint32_t i = 0; i < tokens.size(); ++i) tokens[i] = i * 7;
+  auto fps = ChainFingerprints(ns, tokens);
+  ASSERT_OK(fps);
+  const uint64_t size = ns.layout.ShardBytes();
+  std::vector<std::vector<std::byte>> data = {Bytes(size, 1), Bytes(size, 2), Bytes(size, 3)};
+  std::vector<std::span<const std::byte>> in(data.begin(), data.end());
+  auto put = (*client)->Put(ns, *fps, 0, in);
+  ASSERT_OK(put);
+  auto look = (*client)->LookupPrefix(ns, *fps);
+  ASSERT_OK(look);
+  EXPECT_EQ(look->prefix_blocks, 3u);
+
+  const std::string metrics = ScrapeMetrics((*proc)->metrics_port());
+  EXPECT_NE(metrics.find("kvtier_lookup_blocks_total{result=\"hit\"} 3"), std::string::npos) << metrics;
+  EXPECT_NE(metrics.find("kvtier_committed_blocks_total 3"), std::string::npos);
+  EXPECT_NE(metrics.find("kvtier_capacity_bytes{tier=\"host\"} 67108864"), std::string::npos);
+  EXPECT_NE(metrics.find("kvtier_rpc_duration_seconds_bucket"), std::string::npos);
+
+  const int status = (*proc)->KillAndWait(SIGTERM);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+}
+
+TEST(ServerProcessTest, KilledServerBecomesCountedMissesWithinTheDeadline) {
+  auto proc = ServerProcess::Start("proc-b");
+  ASSERT_OK(proc);
+  auto client = client::Client::Connect({.members = {(*proc)->address()}, .rpc_timeout = absl::Milliseconds(800)});
+  ASSERT_OK(client);
+  const Namespace ns = TestNamespace();
+  std::vector<uint32_t> tokens(64, 5);
+  auto fps = ChainFingerprints(ns, tokens);
+  ASSERT_OK(fps);
+  const uint64_t size = ns.layout.ShardBytes();
+  std::vector<std::vector<std::byte>> data(4, Bytes(size, 9));
+  std::vector<std::span<const std::byte>> in(data.begin(), data.end());
+  ASSERT_OK((*client)->Put(ns, *fps, 0, in));
+
+  (*proc)->KillAndWait(SIGKILL);
+  const absl::Time start = absl::Now();
+  auto look = (*client)->LookupPrefix(ns, *fps);
+  ASSERT_OK(look);
+  EXPECT_EQ(look->prefix_blocks, 0u);
+  EXPECT_EQ(look->blocks_from_errors, 4u);
+  std::vector<std::vector<std::byte>> out(4, std::vector<std::byte>(size));
+  std::vector<std::span<std::byte>> views(out.begin(), out.end());
+  auto get = (*client)->Get(ns, *fps, 0, views);
+  ASSERT_OK(get);
+  for (auto r : *get) EXPECT_EQ(r, client::GetResult::kMissFromError);
+  auto put = (*client)->Put(ns, *fps, 0, in);
+  ASSERT_OK(put);
+  for (auto r : *put) EXPECT_EQ(r, client::PutResult::kError);
+  EXPECT_LT(absl::Now() - start, absl::Milliseconds(3 * 800 + 500));
+  EXPECT_EQ((*client)->stats().misses_from_errors.load(), 8u);
+}
+
+TEST(ServerProcessTest, BadConfigExitsWithAnErrorNamingTheKey) {
+  char path[] = "/tmp/kvtier-bad-config-XXXXXX";
+  const int fd = mkstemp(path);
+  ASSERT_GE(fd, 0);
+  const std::string yaml = "server:\n  node_id: x\nhost_tier:\n  capacity_bytes: many\n";
+  ASSERT_EQ(write(fd, yaml.data(), yaml.size()), static_cast<ssize_t>(yaml.size()));
+  close(fd);
+  const std::string cmd = testing::BinaryDir() + "/cache_server/kvtier-server --config=" + path + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  std::string out;
+  char buf[512];
+  while (fgets(buf, sizeof(buf), p) != nullptr) out += buf;
+  const int status = pclose(p);
+  unlink(path);
+  EXPECT_EQ(WEXITSTATUS(status), 2);
+  EXPECT_NE(out.find("host_tier.capacity_bytes"), std::string::npos) << out;
+}
+
+}  // namespace
+}  // namespace kvtier

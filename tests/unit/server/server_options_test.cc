@@ -1,0 +1,84 @@
+#include "kvtier/server/server_options.h"
+
+#include <string>
+
+#include <gtest/gtest.h>
+
+#include "testing/status_matchers.h"
+
+namespace kvtier::server {
+namespace {
+
+TEST(ServerConfigTest, ParsesEverySectionWithUnits) {
+  auto o = ParseServerConfig(R"(
+server:
+  node_id: node-a
+  listen_address: 0.0.0.0:7400
+  metrics_address: 127.0.0.1:0
+host_tier:
+  capacity_bytes: 2GiB
+  slab_bytes: 32MiB
+limits:
+  max_block_bytes: 16MiB
+  max_blocks_per_request: 1024
+eviction:
+  policy: lru
+leases:
+  default_ttl: 5s
+  max_ttl: 1m
+  reservation_ttl: 1500ms
+)");
+  ASSERT_OK(o);
+  EXPECT_EQ(o->node_id, "node-a");
+  EXPECT_EQ(o->listen_address, "0.0.0.0:7400");
+  EXPECT_EQ(o->host_cache_bytes, 2ULL << 30);
+  EXPECT_EQ(o->slab_bytes, 32ULL << 20);
+  EXPECT_EQ(o->max_block_bytes, 16ULL << 20);
+  EXPECT_EQ(o->max_blocks_per_request, 1024u);
+  EXPECT_EQ(o->default_lease_ttl, absl::Seconds(5));
+  EXPECT_EQ(o->max_lease_ttl, absl::Minutes(1));
+  EXPECT_EQ(o->reservation_ttl, absl::Milliseconds(1500));
+  EXPECT_OK(o->Validate());
+}
+
+TEST(ServerConfigTest, EmptyConfigGivesDefaultsThatNeedANodeId) {
+  auto o = ParseServerConfig("");
+  ASSERT_OK(o);
+  absl::Status s = o->Validate();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("server.node_id"), std::string::npos) << s;
+  o->node_id = "n";
+  EXPECT_OK(o->Validate());
+}
+
+void ExpectErrorNames(const std::string& yaml, const std::string& key) {
+  auto o = ParseServerConfig(yaml);
+  absl::Status s = o.ok() ? o->Validate() : o.status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << yaml;
+  EXPECT_NE(s.message().find(key), std::string::npos) << "error \"" << s.message() << "\" should name " << key;
+}
+
+TEST(ServerConfigTest, ErrorsNameTheKey) {
+  ExpectErrorNames("server: {node_id: a}\nhost_tier: {capacity_bytes: lots}\n", "host_tier.capacity_bytes");
+  ExpectErrorNames("server: {node_id: a}\nhost_tier: {capacity_bytes: 0}\n", "host_tier.capacity_bytes");
+  ExpectErrorNames("server: {node_id: a}\nleases: {default_ttl: soon}\n", "leases.default_ttl");
+  ExpectErrorNames("server: {node_id: a, listen_adress: x}\n", "server.listen_adress");
+  ExpectErrorNames("servr: {node_id: a}\n", "servr");
+  ExpectErrorNames("server: {node_id: a, listen_address: nope}\n", "server.listen_address");
+  ExpectErrorNames("server: {node_id: a}\nlimits: {max_block_bytes: 128MiB}\n", "limits.max_block_bytes");
+  ExpectErrorNames("server: {node_id: a}\neviction: {policy: random}\n", "eviction.policy");
+  ExpectErrorNames("server: {node_id: a}\nleases: {default_ttl: 10s, max_ttl: 1s}\n", "leases.max_ttl");
+  ExpectErrorNames("server: [1, 2]\n", "server");
+}
+
+TEST(ServerConfigTest, MalformedYamlIsInvalidArgument) {
+  auto o = ParseServerConfig("server: {node_id: [unclosed\n");
+  EXPECT_EQ(o.status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(ServerConfigTest, MissingFileIsNotFound) {
+  EXPECT_EQ(LoadServerConfig("/nonexistent/kvtier.yaml").status().code(), absl::StatusCode::kNotFound);
+}
+
+}  // namespace
+}  // namespace kvtier::server

@@ -1,0 +1,95 @@
+#include "kvtier/server/slab_allocator.h"
+
+#include <set>
+#include <utility>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "testing/status_matchers.h"
+
+namespace kvtier::server {
+namespace {
+
+TEST(SlabAllocatorTest, HandsOutExactlyCapacityOverSlotBytesSlots) {
+  // 2.5 slabs of 1 MiB; 64 KiB slots: 16 + 16 + 8 = 40 slots, never more.
+  auto a = SlabAllocator::Create({.capacity_bytes = 5 * (512ULL << 10), .slab_bytes = 1ULL << 20});
+  ASSERT_OK(a);
+  std::vector<SlotRef> slots;
+  while (auto s = (*a)->Allocate(64 << 10)) slots.push_back(*s);
+  EXPECT_EQ(slots.size(), 40u);
+  EXPECT_EQ((*a)->used_bytes(), 40u * (64 << 10));
+  EXPECT_LE((*a)->used_bytes(), (*a)->capacity_bytes());
+  std::set<std::byte*> distinct;
+  for (SlotRef s : slots) {
+    std::byte* p = (*a)->Data(s);
+    EXPECT_TRUE(distinct.insert(p).second);
+    // Every slot lies inside the region.
+    EXPECT_LE(static_cast<uint64_t>(p + (64 << 10) - (*a)->Data(slots.front())), (*a)->capacity_bytes());
+  }
+}
+
+TEST(SlabAllocatorTest, FreedSlotIsReused) {
+  auto a = SlabAllocator::Create({.capacity_bytes = 1ULL << 20, .slab_bytes = 1ULL << 20});
+  ASSERT_OK(a);
+  std::vector<SlotRef> slots;
+  while (auto s = (*a)->Allocate(256 << 10)) slots.push_back(*s);
+  ASSERT_EQ(slots.size(), 4u);
+  (*a)->Free(slots[2]);
+  auto again = (*a)->Allocate(256 << 10);
+  ASSERT_TRUE(again.has_value());
+  EXPECT_EQ(*again, slots[2]);
+  EXPECT_FALSE((*a)->Allocate(256 << 10).has_value());
+}
+
+TEST(SlabAllocatorTest, EmptySlabMovesToAnotherSizeClass) {
+  auto a = SlabAllocator::Create({.capacity_bytes = 2ULL << 20, .slab_bytes = 1ULL << 20});
+  ASSERT_OK(a);
+  std::vector<SlotRef> small;
+  while (auto s = (*a)->Allocate(128 << 10)) small.push_back(*s);
+  ASSERT_EQ(small.size(), 16u);
+  EXPECT_FALSE((*a)->Allocate(512 << 10).has_value());
+  // Free one whole slab's worth (slots of one slab), then the large class can take that slab.
+  const uint32_t slab = small.front().slab;
+  for (SlotRef s : small) {
+    if (s.slab == slab) (*a)->Free(s);
+  }
+  EXPECT_EQ((*a)->free_slabs(), 1u);
+  auto big = (*a)->Allocate(512 << 10);
+  ASSERT_TRUE(big.has_value());
+  EXPECT_EQ(big->slab, slab);
+  EXPECT_EQ((*a)->SlotBytesOf(*big), 512u << 10);
+}
+
+TEST(SlabAllocatorTest, RoundsSlotsUpToAlignment) {
+  auto a = SlabAllocator::Create({.capacity_bytes = 1ULL << 20, .slab_bytes = 1ULL << 20});
+  ASSERT_OK(a);
+  EXPECT_EQ((*a)->SlotBytes(1), 64u);
+  EXPECT_EQ((*a)->SlotBytes(64), 64u);
+  EXPECT_EQ((*a)->SlotBytes(65), 128u);
+}
+
+TEST(SlabAllocatorTest, RefusesBlocksLargerThanASlabAndBadOptions) {
+  auto a = SlabAllocator::Create({.capacity_bytes = 4ULL << 20, .slab_bytes = 1ULL << 20});
+  ASSERT_OK(a);
+  EXPECT_FALSE((*a)->Allocate((1ULL << 20) + 1).has_value());
+  EXPECT_FALSE((*a)->Allocate(0).has_value());
+  EXPECT_FALSE(SlabAllocator::Create({.capacity_bytes = 0}).ok());
+  EXPECT_FALSE(SlabAllocator::Create({.capacity_bytes = 1 << 20, .slab_bytes = 1 << 20, .slot_alignment_bytes = 48}).ok());
+}
+
+TEST(SlabAllocatorTest, IsLastInSlabTracksUse) {
+  auto a = SlabAllocator::Create({.capacity_bytes = 1ULL << 20, .slab_bytes = 1ULL << 20});
+  ASSERT_OK(a);
+  auto s1 = (*a)->Allocate(256 << 10);
+  ASSERT_TRUE(s1.has_value());
+  EXPECT_TRUE((*a)->IsLastInSlab(*s1));
+  auto s2 = (*a)->Allocate(256 << 10);
+  ASSERT_TRUE(s2.has_value());
+  EXPECT_FALSE((*a)->IsLastInSlab(*s1));
+  (*a)->Free(*s2);
+  EXPECT_TRUE((*a)->IsLastInSlab(*s1));
+}
+
+}  // namespace
+}  // namespace kvtier::server
