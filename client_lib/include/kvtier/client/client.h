@@ -23,7 +23,7 @@ struct ClientOptions {
   // Static membership: "host:port" (the member reports its node id when the client connects) or
   // "node_id=host:port" (id given; the member need not be up at connect time). Required, non-empty.
   std::vector<std::string> members;
-  uint32_t virtual_nodes = 128;                         // ring points per member (DESIGN.md §2)
+  uint32_t virtual_nodes = HashRing::kDefaultVirtualNodes;  // ring points per member (DESIGN.md §2)
   absl::Duration rpc_timeout = absl::Seconds(2);        // deadline of every RPC; a slower owner is a miss
   absl::Duration connect_timeout = absl::Seconds(5);    // deadline of the node-id query at Connect
   uint64_t max_message_bytes = 80ULL << 20;             // gRPC message limit; must match the servers'

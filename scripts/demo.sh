@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# The main job: starts a local 3-node kvtier cluster (three kvtier-server processes on 127.0.0.1),
+# replays a workload through the client library, prints the report and stops the cluster.
+#
+# Usage: scripts/demo.sh [--trace FILE] [--capacity-blocks N] [--json] [--limit N] [--block-bytes B]
+#   --trace FILE          a Mooncake-format trace (default: the built-in synthetic workload)
+#   --capacity-blocks N   total capacity of the cluster in blocks, split evenly (default 6000)
+#   --json                print the report as one JSON object (fields: bench/README.md)
+#   --limit N             replay only the first N requests
+#   --block-bytes B       payload bytes per block (default 32768)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+TRACE=""
+CAPACITY_BLOCKS=6000
+JSON=0
+LIMIT=0
+BLOCK_BYTES=32768
+NODES=3
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --trace) TRACE=$(realpath "$2"); shift 2 ;;
+    --capacity-blocks) CAPACITY_BLOCKS=$2; shift 2 ;;
+    --json) JSON=1; shift ;;
+    --limit) LIMIT=$2; shift 2 ;;
+    --block-bytes) BLOCK_BYTES=$2; shift 2 ;;
+    -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
+    *) echo "demo.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
+  esac
+done
+
+log() { echo "demo.sh: $*" >&2; }
+
+if [[ -z "${KVTIER_SKIP_BUILD:-}" ]]; then  # set it to reuse an existing build/ as it is
+  scripts/install-deps.sh >&2
+  scripts/build.sh >&2
+fi
+BUILD=${KVTIER_BUILD_DIR:-build}
+
+# Each server holds an equal share of the capacity (its slots are exactly block-sized).
+PER_NODE_BLOCKS=$(( (CAPACITY_BLOCKS + NODES - 1) / NODES ))
+HOST_BYTES=$(( PER_NODE_BLOCKS * BLOCK_BYTES ))
+WORK=$(mktemp -d /tmp/kvtier-demo-XXXXXX)
+PIDS=()
+cleanup() {
+  for pid in "${PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
+  for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+MEMBERS=()
+for i in $(seq 1 "$NODES"); do
+  "$BUILD/cache_server/kvtier-server" --node_id="node-$i" --listen_address=127.0.0.1:0 \
+    --metrics_address=127.0.0.1:0 --port_file="$WORK/node-$i.port" \
+    --host_cache_bytes="$HOST_BYTES" 2>"$WORK/node-$i.log" &
+  PIDS+=($!)
+done
+for i in $(seq 1 "$NODES"); do
+  for _ in $(seq 1 200); do [[ -s "$WORK/node-$i.port" ]] && break; sleep 0.05; done
+  [[ -s "$WORK/node-$i.port" ]] || { log "node-$i did not start:"; cat "$WORK/node-$i.log" >&2; exit 1; }
+  read -r GRPC_PORT METRICS_PORT < "$WORK/node-$i.port"
+  MEMBERS+=("127.0.0.1:$GRPC_PORT")
+  log "node-$i: gRPC 127.0.0.1:$GRPC_PORT, /metrics 127.0.0.1:$METRICS_PORT, $PER_NODE_BLOCKS blocks ($HOST_BYTES bytes)"
+done
+MEMBER_LIST=$(IFS=,; echo "${MEMBERS[*]}")
+
+ARGS=(--members="$MEMBER_LIST" --capacity_blocks="$CAPACITY_BLOCKS" --block_bytes="$BLOCK_BYTES" --limit="$LIMIT")
+[[ -n "$TRACE" ]] && ARGS+=(--trace="$TRACE")
+[[ $JSON -eq 1 ]] && ARGS+=(--json)
+log "replaying ${TRACE:-the built-in workload} against $MEMBER_LIST"
+status=0
+"$BUILD/bench/trace_replay/trace_replay" "${ARGS[@]}" || status=$?
+if [[ $JSON -eq 0 && -x "$BUILD/cli/kvtierctl" ]]; then
+  echo
+  "$BUILD/cli/kvtierctl" --members="$MEMBER_LIST" status || true
+fi
+exit $status
