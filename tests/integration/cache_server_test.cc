@@ -50,7 +50,7 @@ std::vector<std::byte> BlockBytes(const Fingerprint& fp, uint64_t size) {
 class CacheServerTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    auto s = server::Server::Start({.node_id = "node-a", .host_cache_bytes = 64ULL << 20});
+    auto s = server::Server::Start({.node_id = "node-a", .metrics_address = "", .host_cache_bytes = 64ULL << 20});
     ASSERT_OK(s);
     server_ = std::move(s).value();
     auto c = Client::Connect({.members = {Address()}, .rpc_timeout = absl::Milliseconds(1500)});
