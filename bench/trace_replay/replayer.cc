@@ -213,7 +213,7 @@ absl::StatusOr<ReplayReport> Replay(client::Client& client, std::span<const Trac
         views.emplace_back(b);
       }
       t0 = absl::Now();
-      auto put = client.Put(ns, std::span(*fps).subspan(hit), 0, views);
+      auto put = client.Put(ns, std::span(*fps).subspan(hit), 0, views, hit);
       put_ms.push_back(Ms(absl::Now() - t0));
       if (!put.ok()) {
         rep.client_errors++;
@@ -254,7 +254,7 @@ std::string ReplayReport::ToJson() const {
       {"capacity_blocks", capacity_blocks},
       {"block_hit_ratio", block_hit_ratio()},
       {"token_hit_ratio", token_hit_ratio()},
-      {"lru_sim_hit_ratio", lru_sim_hit_ratio()},
+      {"lru_sim_hit_ratio", capacity_blocks ? nlohmann::json(lru_sim_hit_ratio()) : nlohmann::json(nullptr)},
       {"lookup_prefix_hit_ratio", blocks ? double(lookup_prefix_blocks) / double(blocks) : 0.0},
       {"hit_blocks", hit_blocks},
       {"input_tokens", input_tokens},
@@ -284,9 +284,14 @@ std::string ReplayReport::ToText() const {
   std::string s;
   absl::StrAppendFormat(&s, "requests            %d (%d blocks, %d input tokens) in %.1f s (%.0f req/s)\n", requests,
                         blocks, input_tokens, duration_s, duration_s > 0 ? requests / duration_s : 0.0);
-  absl::StrAppendFormat(&s, "capacity            %d blocks\n", capacity_blocks);
-  absl::StrAppendFormat(&s, "block hit ratio     %.4f   (reference LRU of the same capacity: %.4f)\n",
-                        block_hit_ratio(), lru_sim_hit_ratio());
+  if (capacity_blocks > 0) {
+    absl::StrAppendFormat(&s, "capacity            %d blocks\n", capacity_blocks);
+    absl::StrAppendFormat(&s, "block hit ratio     %.4f   (reference LRU of the same capacity: %.4f)\n",
+                          block_hit_ratio(), lru_sim_hit_ratio());
+  } else {
+    absl::StrAppendFormat(&s, "capacity            not given (--capacity_blocks), so no reference LRU\n");
+    absl::StrAppendFormat(&s, "block hit ratio     %.4f\n", block_hit_ratio());
+  }
   absl::StrAppendFormat(&s, "token hit ratio     %.4f   (%d prefill tokens saved)\n", token_hit_ratio(), hit_tokens);
   absl::StrAppendFormat(&s, "correctness         %d payload mismatches, %d checksum failures, %d client errors\n",
                         payload_mismatches, checksum_failures, client_errors);

@@ -210,8 +210,17 @@ BlockStore::LookupResult BlockStore::Lookup(const NamespaceRef& ns, std::span<co
   return result;
 }
 
+BlockAccess BlockStore::AccessOf(const Entry& e) const {
+  return BlockAccess{.depth = e.depth, .namespace_id = e.namespace_id, .size_bytes = e.size_bytes,
+                     .now_ns = absl::ToUnixNanos(clock_->Now())};
+}
+
 absl::StatusOr<BlockStore::AllocateResult> BlockStore::Allocate(const NamespaceRef& ns,
-                                                                std::span<const BlockKey> keys) {
+                                                                std::span<const BlockKey> keys,
+                                                                std::span<const uint32_t> depths) {
+  if (!depths.empty() && depths.size() != keys.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(depths.size(), " depths for ", keys.size(), " keys"));
+  }
   if (ns.block_bytes == 0 || ns.block_bytes > options_.slab_bytes) {
     return absl::InvalidArgumentError(absl::StrCat("block is ", ns.block_bytes, " bytes; this server accepts 1..",
                                                    options_.slab_bytes));
@@ -236,7 +245,7 @@ absl::StatusOr<BlockStore::AllocateResult> BlockStore::Allocate(const NamespaceR
       if (e.state == State::kCommitted && e.namespace_id == ns.id && e.tenant_id == ns.tenant_id) {
         result.outcomes[i] = AllocateOutcome::kAlreadyPresent;
         ++e.access_count;
-        policy_->OnAccess(it->second);
+        policy_->OnAccess(it->second, AccessOf(e));
         stats_.already_present.fetch_add(1, std::memory_order_relaxed);
       } else {
         // Reserved by another writer, or (a fingerprint collision across namespaces, which SHA-256 makes
@@ -260,6 +269,7 @@ absl::StatusOr<BlockStore::AllocateResult> BlockStore::Allocate(const NamespaceR
     e.slot = *slot;
     e.state = State::kReserved;
     e.reservation_id = reservation_id;
+    e.depth = depths.empty() ? 0 : depths[i];
     index_.emplace(keys[i], h);
     stats_.stored_bytes.fetch_add(allocator_->SlotBytesOf(*slot), std::memory_order_relaxed);
     r.entries[i] = h;
@@ -375,7 +385,7 @@ absl::StatusOr<std::vector<CommitOutcome>> BlockStore::Commit(uint64_t reservati
     e.checksum = actual[i];
     e.reservation_id = 0;
     e.access_count = 1;
-    policy_->OnInsert(h);
+    policy_->OnInsert(h, AccessOf(e));
     outcomes[i] = CommitOutcome::kCommitted;
     stats_.stored_blocks.fetch_add(1, std::memory_order_relaxed);
     stats_.committed_blocks.fetch_add(1, std::memory_order_relaxed);
@@ -415,7 +425,7 @@ BlockStore::ReadLease BlockStore::AcquireRead(const NamespaceRef& ns, std::span<
     result.blocks[i] = {.present = true, .size_bytes = e.size_bytes, .checksum = e.checksum};
     leased[i] = it->second;
     ++e.access_count;
-    policy_->OnAccess(it->second);
+    policy_->OnAccess(it->second, AccessOf(e));
     ++hits;
     bytes += e.size_bytes;
   }

@@ -55,7 +55,13 @@ grpc::Status CacheServiceImpl::Allocate(grpc::ServerContext*, const v1::Allocate
   const absl::Time start = absl::Now();
   auto p = Parse(req->namespace_(), req->keys());
   if (!p.ok()) return Finish("Allocate", start, wire::ToGrpc(p.status()));
-  auto r = store_.Allocate(p->ns, p->keys);
+  if (req->depths_size() != 0 && static_cast<size_t>(req->depths_size()) != p->keys.size()) {
+    return Finish("Allocate", start, grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                                                  absl::StrCat("depths: ", req->depths_size(), " for ",
+                                                               p->keys.size(), " keys")));
+  }
+  const std::vector<uint32_t> depths(req->depths().begin(), req->depths().end());
+  auto r = store_.Allocate(p->ns, p->keys, depths);
   if (!r.ok()) return Finish("Allocate", start, wire::ToGrpc(r.status()));
   resp->set_reservation_id(r->reservation_id);
   resp->set_block_bytes(p->ns.block_bytes);
@@ -171,7 +177,7 @@ AdminServiceImpl::AdminServiceImpl(const ServerOptions& options, const BlockStor
 
 grpc::Status AdminServiceImpl::GetInfo(grpc::ServerContext*, const v1::GetInfoRequest*, v1::GetInfoResponse* resp) {
   resp->set_node_id(options_.node_id);
-  resp->set_version("0.1.0");
+  resp->set_version(KVTIER_VERSION);
   resp->set_transport("grpc");
   v1::TierInfo* host = resp->add_tiers();
   host->set_tier("host");

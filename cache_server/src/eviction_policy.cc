@@ -13,12 +13,12 @@ constexpr EntryHandle kNil = 0xffffffffu;
 // Doubly linked list threaded through per-handle arrays: head_ is the most recently used.
 class LruPolicy final : public EvictionPolicy {
  public:
-  void OnInsert(EntryHandle h) override {
+  void OnInsert(EntryHandle h, const BlockAccess&) override {
     Grow(h);
     if (linked_[h]) Unlink(h);
     PushFront(h);
   }
-  void OnAccess(EntryHandle h) override {
+  void OnAccess(EntryHandle h, const BlockAccess&) override {
     if (h >= linked_.size() || !linked_[h]) return;
     Unlink(h);
     PushFront(h);

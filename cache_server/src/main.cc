@@ -14,16 +14,28 @@ ABSL_FLAG(std::string, node_id, "", "stable node id, the member's ring key (serv
 ABSL_FLAG(std::string, listen_address, "", "gRPC host:port; port 0 = any (server.listen_address)");
 ABSL_FLAG(std::string, metrics_address, "", "/metrics host:port, or \"none\" (server.metrics_address)");
 ABSL_FLAG(std::string, port_file, "", "write \"<grpc_port> <metrics_port>\" here once bound (server.port_file)");
-ABSL_FLAG(uint64_t, host_cache_bytes, 0, "bytes of host memory for blocks (host_tier.capacity_bytes)");
-ABSL_FLAG(uint64_t, slab_bytes, 0, "slab size in bytes (host_tier.slab_bytes)");
-ABSL_FLAG(uint64_t, max_block_bytes, 0, "largest block accepted, bytes (limits.max_block_bytes)");
+ABSL_FLAG(std::string, host_cache_bytes, "", "host memory for blocks, e.g. 2GiB (host_tier.capacity_bytes)");
+ABSL_FLAG(std::string, slab_bytes, "", "slab size, e.g. 64MiB (host_tier.slab_bytes)");
+ABSL_FLAG(std::string, max_block_bytes, "", "largest block accepted, e.g. 64MiB (limits.max_block_bytes)");
 
 namespace {
 
-template <typename T>
-void Override(const absl::Flag<T>& flag, T& field) {
-  const T v = absl::GetFlag(flag);
-  if (v != T{}) field = v;
+// A non-empty flag wins over the config file. String flags, so that "unset" differs from any value.
+void Override(const absl::Flag<std::string>& flag, std::string& field) {
+  if (std::string v = absl::GetFlag(flag); !v.empty()) field = std::move(v);
+}
+
+// Same for sizes ("2GiB"); false after printing an error naming the flag.
+bool OverrideBytes(const absl::Flag<std::string>& flag, const char* name, uint64_t& field) {
+  const std::string v = absl::GetFlag(flag);
+  if (v.empty()) return true;
+  auto bytes = kvtier::server::ParseByteSize(absl::StrCat("--", name), v);
+  if (!bytes.ok()) {
+    std::fprintf(stderr, "kvtier-server: %s\n", std::string(bytes.status().message()).c_str());
+    return false;
+  }
+  field = *bytes;
+  return true;
 }
 
 }  // namespace
@@ -54,9 +66,11 @@ int main(int argc, char** argv) {
   Override(FLAGS_metrics_address, options.metrics_address);
   if (options.metrics_address == "none") options.metrics_address.clear();
   Override(FLAGS_port_file, options.port_file);
-  Override(FLAGS_host_cache_bytes, options.host_cache_bytes);
-  Override(FLAGS_slab_bytes, options.slab_bytes);
-  Override(FLAGS_max_block_bytes, options.max_block_bytes);
+  if (!OverrideBytes(FLAGS_host_cache_bytes, "host_cache_bytes", options.host_cache_bytes) ||
+      !OverrideBytes(FLAGS_slab_bytes, "slab_bytes", options.slab_bytes) ||
+      !OverrideBytes(FLAGS_max_block_bytes, "max_block_bytes", options.max_block_bytes)) {
+    return 2;
+  }
 
   auto server = kvtier::server::Server::Start(options);
   if (!server.ok()) {

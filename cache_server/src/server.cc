@@ -126,6 +126,8 @@ void Server::Shutdown() {
     impl_->stopping = true;
   }
   impl_->cv.notify_all();
+  // Health turns NOT_SERVING first, so that probes and clients stop sending new work.
+  if (auto* health = impl_->grpc_server->GetHealthCheckService(); health != nullptr) health->Shutdown();
   // In-flight RPCs get a short grace period, then are cancelled.
   impl_->grpc_server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
   if (impl_->expiry_thread.joinable()) impl_->expiry_thread.join();

@@ -139,7 +139,7 @@ ServerMetrics::ServerMetrics(const BlockStore& store, std::string node_id)
       .Name("kvtier_build_info")
       .Help("Build of this server (always 1).")
       .Register(*registry_)
-      .Add({{"version", "0.1.0"}, {"node_id", std::move(node_id)}})
+      .Add({{"version", KVTIER_VERSION}, {"node_id", std::move(node_id)}})
       .Set(1);
   store_collectable_ = std::make_shared<StoreCollectable>(store, *this);
 }

@@ -26,8 +26,10 @@ bool ValidHostPort(const std::string& s) {
   return absl::SimpleAtoi(s.substr(colon + 1), &port) && port >= 0 && port <= 65535;
 }
 
+}  // namespace
+
 // "123", "64MiB", "2GiB", "512KiB", "1GB", "10MB", "4KB".
-absl::StatusOr<uint64_t> ParseBytes(const std::string& key, const std::string& text) {
+absl::StatusOr<uint64_t> ParseByteSize(const std::string& key, const std::string& text) {
   static const std::pair<const char*, uint64_t> kSuffixes[] = {
       {"KiB", 1ULL << 10}, {"MiB", 1ULL << 20}, {"GiB", 1ULL << 30}, {"TiB", 1ULL << 40},
       {"KB", 1000ULL}, {"MB", 1000ULL * 1000}, {"GB", 1000ULL * 1000 * 1000}, {"B", 1}};
@@ -48,6 +50,8 @@ absl::StatusOr<uint64_t> ParseBytes(const std::string& key, const std::string& t
   if (v != 0 && mult > UINT64_MAX / v) return Bad(key, "size overflows 64 bits");
   return v * mult;
 }
+
+namespace {
 
 absl::StatusOr<absl::Duration> ParseDurationKey(const std::string& key, const std::string& text) {
   absl::Duration d;
@@ -70,7 +74,7 @@ template <typename T>
 Setter Bytes(T ServerOptions::*field) {
   return [field](const std::string& key, const YAML::Node& v, ServerOptions& o) -> absl::Status {
     if (!v.IsScalar()) return Bad(key, "must be a size");
-    auto b = ParseBytes(key, v.as<std::string>());
+    auto b = ParseByteSize(key, v.as<std::string>());
     if (!b.ok()) return b.status();
     if (*b > std::numeric_limits<T>::max()) return Bad(key, "too large");
     o.*field = static_cast<T>(*b);

@@ -2,6 +2,7 @@
 #ifndef KVTIER_TESTS_TESTING_SERVER_PROCESS_H_
 #define KVTIER_TESTS_TESTING_SERVER_PROCESS_H_
 
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/types.h>
 #include <sys/wait.h>
@@ -9,6 +10,7 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <string>
@@ -47,17 +49,21 @@ class ServerProcess {
                                      "--port_file=" + port_file, "--listen_address=127.0.0.1:0",
                                      "--metrics_address=127.0.0.1:0", "--host_cache_bytes=67108864"};
     for (auto& a : extra_args) args.push_back(std::move(a));
+    // Everything the child needs is built before fork(): a child of a multi-threaded process may only
+    // call async-signal-safe functions until it execs.
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    const std::string log = p->dir_ + "/server.log";
+    const int log_fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     p->pid_ = fork();
     if (p->pid_ < 0) return absl::InternalError("fork failed");
     if (p->pid_ == 0) {
-      std::vector<char*> argv;
-      for (auto& a : args) argv.push_back(a.data());
-      argv.push_back(nullptr);
-      const std::string log = p->dir_ + "/server.log";
-      freopen(log.c_str(), "w", stderr);
+      if (log_fd >= 0) dup2(log_fd, STDERR_FILENO);
       execv(argv[0], argv.data());
       _exit(127);
     }
+    if (log_fd >= 0) close(log_fd);
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
     while (std::chrono::steady_clock::now() < deadline) {
       std::ifstream in(port_file);
@@ -76,6 +82,10 @@ class ServerProcess {
     if (pid_ > 0) {
       kill(pid_, SIGKILL);
       waitpid(pid_, nullptr, 0);
+    }
+    if (!dir_.empty()) {
+      std::error_code ignored;
+      std::filesystem::remove_all(dir_, ignored);
     }
   }
 

@@ -316,6 +316,7 @@ absl::StatusOr<std::vector<GetResult>> Client::Get(const Namespace& ns, std::spa
       }
     } else {
       protocol_ok = false;
+      ctx.TryCancel();  // don't wait for the rest of a stream we cannot use
     }
     const grpc::Status st = reader->Finish();
     if (!st.ok() || !protocol_ok) im.stats.rpc_errors.fetch_add(1, std::memory_order_relaxed);
@@ -350,7 +351,8 @@ absl::StatusOr<std::vector<GetResult>> Client::Get(const Namespace& ns, std::spa
 }
 
 absl::StatusOr<std::vector<PutResult>> Client::Put(const Namespace& ns, std::span<const Fingerprint> fps,
-                                                   uint32_t shard, std::span<const std::span<const std::byte>> blocks) {
+                                                   uint32_t shard, std::span<const std::span<const std::byte>> blocks,
+                                                   uint32_t first_block_index) {
   if (absl::Status s = ns.Validate(); !s.ok()) return s;
   if (shard >= ns.layout.tp_size) {
     return absl::InvalidArgumentError(absl::StrCat("shard ", shard, " >= tp_size ", ns.layout.tp_size));
@@ -385,6 +387,8 @@ absl::StatusOr<std::vector<PutResult>> Client::Put(const Namespace& ns, std::spa
     keys.reserve(idx.size());
     for (uint32_t i : idx) keys.push_back({fps[i], shard});
     wire::EncodeKeys(keys, areq.mutable_keys());
+    areq.mutable_depths()->Reserve(static_cast<int>(idx.size()));
+    for (uint32_t i : idx) areq.add_depths(first_block_index + i);
     v1::AllocateResponse aresp;
     {
       grpc::ClientContext ctx;
@@ -450,10 +454,14 @@ absl::StatusOr<std::vector<PutResult>> Client::Put(const Namespace& ns, std::spa
       (void)stub.Abort(&ctx, abreq, &abresp);
       return;  // the allocated blocks stay kError
     }
+    uint64_t mismatched = 0;
     for (uint32_t k : allocated) {
-      results[idx[k]] = cresp.results(static_cast<int>(k)) == v1::COMMIT_RESULT_COMMITTED ? PutResult::kStored
-                                                                                           : PutResult::kError;
+      const auto r = cresp.results(static_cast<int>(k));
+      results[idx[k]] = r == v1::COMMIT_RESULT_COMMITTED ? PutResult::kStored : PutResult::kError;
+      mismatched += r == v1::COMMIT_RESULT_CHECKSUM_MISMATCH;
     }
+    // The server saw other bytes than we sent: count it like a corrupt read.
+    im.stats.checksum_failures.fetch_add(mismatched, std::memory_order_relaxed);
   });
 
   uint64_t stored = 0, rejected = 0;

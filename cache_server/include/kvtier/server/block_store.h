@@ -101,13 +101,15 @@ class BlockStore {
 
   // Phase 1 of a put: per key, reserve a slot of ns.block_bytes (evicting unleased blocks as needed),
   // or report it already present (an access), in progress (another reservation holds it) or no space.
-  // Errors: InvalidArgument (block_bytes is 0 or above slab_bytes).
+  // `depths` is empty or gives each key's index in its prompt's chain (for prefix-aware eviction).
+  // Errors: InvalidArgument (block_bytes is 0 or above slab_bytes, depths of the wrong length).
   struct AllocateResult {
     uint64_t reservation_id = 0;  // 0 when no key was allocated
     std::vector<AllocateOutcome> outcomes;
     absl::Duration ttl;
   };
-  absl::StatusOr<AllocateResult> Allocate(const NamespaceRef& ns, std::span<const BlockKey> keys);
+  absl::StatusOr<AllocateResult> Allocate(const NamespaceRef& ns, std::span<const BlockKey> keys,
+                                          std::span<const uint32_t> depths = {});
 
   // Copies `data` (borrowed for the call) to bytes [offset, offset + size) of the block at `index` of the
   // reservation. Chunks of one block must arrive in order (offset == bytes written so far).
@@ -164,6 +166,7 @@ class BlockStore {
     uint32_t tenant_id = 0;
     uint32_t lease_count = 0;
     uint32_t access_count = 0;
+    uint32_t depth = 0;
     State state = State::kFree;
   };
   struct Lease {
@@ -190,6 +193,7 @@ class BlockStore {
   void EndReservationLocked(Reservation& r);
   absl::Duration ClampLease(absl::Duration ttl) const;
   uint64_t NewLeaseLocked(std::vector<EntryHandle> entries, absl::Duration ttl);
+  BlockAccess AccessOf(const Entry& e) const;
 
   BlockStoreOptions options_;
   Clock* clock_;

@@ -15,14 +15,23 @@ namespace kvtier::server {
 // Dense handle of an index entry (BlockStore reuses handles after erase).
 using EntryHandle = uint32_t;
 
+// What a policy learns of each insert and access. A KV cache knows more than a generic cache: where a
+// block sits in its prompt's chain and which namespace (model, layout) it belongs to.
+struct BlockAccess {
+  uint32_t depth = 0;          // index of the block in its prompt's fingerprint chain (0 = first block)
+  uint64_t namespace_id = 0;   // Namespace::Id()
+  uint64_t size_bytes = 0;     // the block's bytes
+  int64_t now_ns = 0;          // the store's clock at the access, ns since the Unix epoch
+};
+
 // Tracks the entries of one tier and orders them as eviction candidates. The store calls OnInsert when
 // a block becomes visible, OnAccess on every hit or repeated put, OnErase when it leaves the tier.
 // Thread-safety: none; the owning store serialises calls.
 class EvictionPolicy {
  public:
   virtual ~EvictionPolicy() = default;
-  virtual void OnInsert(EntryHandle h) = 0;
-  virtual void OnAccess(EntryHandle h) = 0;
+  virtual void OnInsert(EntryHandle h, const BlockAccess& access) = 0;
+  virtual void OnAccess(EntryHandle h, const BlockAccess& access) = 0;
   virtual void OnErase(EntryHandle h) = 0;
   // Offers candidates from the best victim onward to `eligible` and returns the first it accepts, or
   // nullopt when it accepts none (e.g. everything is leased). Does not remove the victim.

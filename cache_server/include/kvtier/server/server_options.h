@@ -37,6 +37,10 @@ struct ServerOptions {
 // Sizes accept plain integers of bytes or suffixed strings ("64MiB", "2GiB"); durations accept strings
 // like "10s", "200ms". Errors: InvalidArgument naming the key ("server.host_cache_bytes: ...").
 absl::StatusOr<ServerOptions> ParseServerConfig(const std::string& yaml_text);
+// Parses a size: plain bytes or a number with KiB/MiB/GiB/TiB/KB/MB/GB ("64MiB"). `key` names the setting
+// in the error. Errors: InvalidArgument ("<key>: \"x\" is not a size ...").
+absl::StatusOr<uint64_t> ParseByteSize(const std::string& key, const std::string& text);
+
 // Reads and parses `path`. Errors: NotFound (missing file), InvalidArgument (as above).
 absl::StatusOr<ServerOptions> LoadServerConfig(const std::string& path);
 

@@ -111,9 +111,12 @@ class Client {
 
   // Stores shard `shard` of each block from `blocks[i]` (borrowed for the call, each ShardBytes() long)
   // with a two-phase put per owner (allocate, write, commit with XXH3-64 checksums).
+  // `first_block_index` is the index of fingerprints[0] in its prompt's chain (e.g. the hit length when
+  // storing the blocks after a hit); servers give it to prefix-aware eviction policies.
   // Errors: InvalidArgument (sizes or counts disagree, shard >= tp_size).
   absl::StatusOr<std::vector<PutResult>> Put(const Namespace& ns, std::span<const Fingerprint> fingerprints,
-                                             uint32_t shard, std::span<const std::span<const std::byte>> blocks);
+                                             uint32_t shard, std::span<const std::span<const std::byte>> blocks,
+                                             uint32_t first_block_index = 0);
 
   const ClientStats& stats() const;
   std::vector<MemberInfo> members() const;
