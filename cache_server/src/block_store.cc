@@ -5,6 +5,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "kvtier/common/checksum.h"
+#include "kvtier/common/status_macros.h"
+#include "storage/disk_tier.h"
 
 namespace kvtier::server {
 
@@ -20,8 +22,13 @@ absl::Status BlockStoreOptions::Validate() const {
   if (reservation_ttl <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("reservation_ttl: must be > 0");
   }
+  if (!disk_path.empty() && disk_capacity_bytes == 0) {
+    return absl::InvalidArgumentError("disk_capacity_bytes: must be > 0 when disk_path is set");
+  }
   return absl::OkStatus();
 }
+
+uint64_t TenantId(const std::string& tenant) { return BlockChecksum(tenant.data(), tenant.size()); }
 
 BlockStore::BlockStore(const BlockStoreOptions& options)
     : options_(options), clock_(options.clock != nullptr ? options.clock : Clock::Real()) {}
@@ -37,7 +44,48 @@ absl::StatusOr<std::unique_ptr<BlockStore>> BlockStore::Create(const BlockStoreO
   auto policy = NewEvictionPolicy(options.eviction_policy);
   if (!policy.ok()) return policy.status();
   store->policy_ = std::move(policy).value();
+  auto disk_policy = NewEvictionPolicy(options.eviction_policy);
+  if (!disk_policy.ok()) return disk_policy.status();
+  store->disk_policy_ = std::move(disk_policy).value();
+  if (!options.disk_path.empty()) {
+    auto disk = DiskTier::Open(options.disk_path);
+    if (!disk.ok()) return disk.status();
+    store->disk_ = std::move(disk).value();
+    std::lock_guard<std::mutex> lock(store->mu_);
+    if (absl::Status s = store->RecoverDiskLocked(); !s.ok()) return s;
+  }
   return store;
+}
+
+absl::Status BlockStore::RecoverDiskLocked() {
+  std::vector<std::pair<BlockKey, DiskBlockMeta>> found;
+  uint64_t bad = 0;
+  KVTIER_RETURN_IF_ERROR(disk_->ForEach([&](const BlockKey& k, const DiskBlockMeta& m) { found.push_back({k, m}); },
+                                        &bad));
+  stats_.disk_errors.fetch_add(bad, std::memory_order_relaxed);
+  // Deeper blocks first, so that the shallow ones (the most shared) end up most recent.
+  std::sort(found.begin(), found.end(), [](const auto& a, const auto& b) { return a.second.depth > b.second.depth; });
+  for (const auto& [key, meta] : found) {
+    const EntryHandle h = NewEntryLocked();
+    Entry& e = entries_[h];
+    e.key = key;
+    e.namespace_id = meta.namespace_id;
+    e.tenant_id = meta.tenant_id;
+    e.size_bytes = meta.size_bytes;
+    e.checksum = meta.checksum;
+    e.depth = meta.depth;
+    e.access_count = meta.access_count;
+    e.state = State::kCommitted;
+    e.tier = Tier::kDisk;
+    index_.emplace(key, h);
+    disk_policy_->OnInsert(h, AccessOf(e));
+    stats_.disk_blocks.fetch_add(1, std::memory_order_relaxed);
+    stats_.disk_bytes.fetch_add(meta.size_bytes, std::memory_order_relaxed);
+    stats_.recovered_blocks.fetch_add(1, std::memory_order_relaxed);
+  }
+  // A smaller budget than last time: drop down to it.
+  MakeDiskRoomLocked(0);
+  return absl::OkStatus();
 }
 
 uint64_t BlockStore::capacity_bytes() const { return allocator_->capacity_bytes(); }
@@ -64,15 +112,106 @@ EntryHandle BlockStore::NewEntryLocked() {
 
 void BlockStore::EraseEntryLocked(EntryHandle h) {
   Entry& e = entries_[h];
-  if (e.state == State::kCommitted) {
-    policy_->OnErase(h);
-    stats_.stored_blocks.fetch_sub(1, std::memory_order_relaxed);
+  if (e.tier == Tier::kHost) {
+    if (e.state == State::kCommitted) {
+      policy_->OnErase(h);
+      stats_.stored_blocks.fetch_sub(1, std::memory_order_relaxed);
+    }
+    stats_.stored_bytes.fetch_sub(allocator_->SlotBytesOf(e.slot), std::memory_order_relaxed);
+    allocator_->Free(e.slot);
+  } else {
+    disk_policy_->OnErase(h);
+    if (!disk_->Delete(e.key).ok()) stats_.disk_errors.fetch_add(1, std::memory_order_relaxed);
+    stats_.disk_blocks.fetch_sub(1, std::memory_order_relaxed);
+    stats_.disk_bytes.fetch_sub(e.size_bytes, std::memory_order_relaxed);
   }
-  stats_.stored_bytes.fetch_sub(allocator_->SlotBytesOf(e.slot), std::memory_order_relaxed);
-  allocator_->Free(e.slot);
   index_.erase(e.key);
   e = Entry{};
   free_entries_.push_back(h);
+}
+
+bool BlockStore::MakeDiskRoomLocked(uint64_t bytes) {
+  while (stats_.disk_bytes.load(std::memory_order_relaxed) + bytes > options_.disk_capacity_bytes) {
+    auto victim = disk_policy_->PickVictim([&](EntryHandle h) { return entries_[h].lease_count == 0; });
+    if (!victim.has_value()) return false;
+    EraseEntryLocked(*victim);
+    stats_.disk_evictions.fetch_add(1, std::memory_order_relaxed);
+  }
+  return true;
+}
+
+void BlockStore::DemoteOrDropLocked(EntryHandle h) {
+  Entry& e = entries_[h];
+  if (disk_ == nullptr || e.size_bytes > options_.disk_capacity_bytes || !MakeDiskRoomLocked(e.size_bytes)) {
+    EraseEntryLocked(h);
+    return;
+  }
+  const DiskBlockMeta meta{.namespace_id = e.namespace_id, .tenant_id = e.tenant_id, .size_bytes = e.size_bytes,
+                           .checksum = e.checksum, .depth = e.depth, .access_count = e.access_count};
+  const std::span<const std::byte> bytes(allocator_->Data(e.slot), e.size_bytes);
+  // The checksum is verified whenever a block moves between tiers, so memory corruption never reaches disk.
+  if (BlockChecksum(bytes.data(), bytes.size()) != e.checksum) {
+    stats_.checksum_failures.fetch_add(1, std::memory_order_relaxed);
+    EraseEntryLocked(h);
+    return;
+  }
+  if (!disk_->Put(e.key, meta, bytes).ok()) {
+    stats_.disk_errors.fetch_add(1, std::memory_order_relaxed);
+    EraseEntryLocked(h);
+    return;
+  }
+  policy_->OnErase(h);
+  stats_.stored_blocks.fetch_sub(1, std::memory_order_relaxed);
+  stats_.stored_bytes.fetch_sub(allocator_->SlotBytesOf(e.slot), std::memory_order_relaxed);
+  allocator_->Free(e.slot);
+  e.slot = SlotRef{};
+  e.tier = Tier::kDisk;
+  disk_policy_->OnInsert(h, AccessOf(e));
+  stats_.disk_blocks.fetch_add(1, std::memory_order_relaxed);
+  stats_.disk_bytes.fetch_add(e.size_bytes, std::memory_order_relaxed);
+  stats_.demotions.fetch_add(1, std::memory_order_relaxed);
+}
+
+bool BlockStore::LoadFromDiskLocked(EntryHandle h, std::vector<std::byte>* owned) {
+  Entry& e = entries_[h];
+  const DiskBlockMeta meta{.namespace_id = e.namespace_id, .tenant_id = e.tenant_id, .size_bytes = e.size_bytes,
+                           .checksum = e.checksum, .depth = e.depth, .access_count = e.access_count};
+  std::optional<SlotRef> slot;
+  if (options_.promote_on_hit) {
+    const uint64_t slot_bytes = allocator_->SlotBytes(e.size_bytes);
+    slot = allocator_->Allocate(e.size_bytes);
+    while (!slot.has_value() && EvictOneLocked(slot_bytes)) slot = allocator_->Allocate(e.size_bytes);
+  }
+  std::span<std::byte> dst;
+  if (slot.has_value()) {
+    dst = std::span<std::byte>(allocator_->Data(*slot), e.size_bytes);
+  } else {
+    owned->resize(e.size_bytes);
+    dst = std::span<std::byte>(*owned);
+  }
+  const absl::Status s = disk_->Get(e.key, meta, dst);
+  if (!s.ok()) {
+    if (slot.has_value()) allocator_->Free(*slot);
+    owned->clear();
+    (s.code() == absl::StatusCode::kDataLoss ? stats_.disk_checksum_failures : stats_.disk_errors)
+        .fetch_add(1, std::memory_order_relaxed);
+    if (e.lease_count == 0) EraseEntryLocked(h);  // never served; a leased entry goes when released
+    return false;
+  }
+  if (slot.has_value()) {
+    // Exclusive tiers: the block leaves the disk as it enters host memory.
+    disk_policy_->OnErase(h);
+    if (!disk_->Delete(e.key).ok()) stats_.disk_errors.fetch_add(1, std::memory_order_relaxed);
+    stats_.disk_blocks.fetch_sub(1, std::memory_order_relaxed);
+    stats_.disk_bytes.fetch_sub(e.size_bytes, std::memory_order_relaxed);
+    e.slot = *slot;
+    e.tier = Tier::kHost;
+    policy_->OnInsert(h, AccessOf(e));
+    stats_.stored_blocks.fetch_add(1, std::memory_order_relaxed);
+    stats_.stored_bytes.fetch_add(allocator_->SlotBytesOf(*slot), std::memory_order_relaxed);
+    stats_.promotions.fetch_add(1, std::memory_order_relaxed);
+  }
+  return true;
 }
 
 bool BlockStore::EvictOneLocked(uint64_t slot_bytes) {
@@ -84,7 +223,7 @@ bool BlockStore::EvictOneLocked(uint64_t slot_bytes) {
     return allocator_->SlotBytesOf(e.slot) == slot_bytes || allocator_->IsLastInSlab(e.slot);
   });
   if (victim.has_value()) {
-    EraseEntryLocked(*victim);
+    DemoteOrDropLocked(*victim);
     stats_.evictions.fetch_add(1, std::memory_order_relaxed);
     return true;
   }
@@ -103,7 +242,7 @@ bool BlockStore::EvictOneLocked(uint64_t slot_bytes) {
     bool movable = true;
     for (const auto& [key, h] : index_) {
       const Entry& e = entries_[h];
-      if (e.slot.slab != slab) continue;
+      if (e.tier != Tier::kHost || e.slot.slab != slab) continue;
       if (e.state != State::kCommitted || e.lease_count > 0) {
         movable = false;
         break;
@@ -114,17 +253,20 @@ bool BlockStore::EvictOneLocked(uint64_t slot_bytes) {
       refused_slabs.push_back(slab);
       continue;
     }
-    for (EntryHandle h : in_slab) EraseEntryLocked(h);
+    for (EntryHandle h : in_slab) DemoteOrDropLocked(h);
     stats_.evictions.fetch_add(in_slab.size(), std::memory_order_relaxed);
+    stats_.slab_moves.fetch_add(1, std::memory_order_relaxed);
     return true;
   }
   return false;
 }
 
-uint64_t BlockStore::NewLeaseLocked(std::vector<EntryHandle> entries, absl::Duration ttl) {
+uint64_t BlockStore::NewLeaseLocked(std::vector<EntryHandle> entries, absl::Duration ttl, bool counted) {
   const uint64_t id = next_id_++;
-  for (EntryHandle h : entries) {
-    if (h != kNoEntry) ++entries_[h].lease_count;
+  if (!counted) {
+    for (EntryHandle h : entries) {
+      if (h != kNoEntry) ++entries_[h].lease_count;
+    }
   }
   const absl::Time expiry = clock_->Now() + ttl;
   leases_.emplace(id, Lease{.entries = std::move(entries), .expiry = expiry});
@@ -245,7 +387,7 @@ absl::StatusOr<BlockStore::AllocateResult> BlockStore::Allocate(const NamespaceR
       if (e.state == State::kCommitted && e.namespace_id == ns.id && e.tenant_id == ns.tenant_id) {
         result.outcomes[i] = AllocateOutcome::kAlreadyPresent;
         ++e.access_count;
-        policy_->OnAccess(it->second, AccessOf(e));
+        PolicyOf(e).OnAccess(it->second, AccessOf(e));
         stats_.already_present.fetch_add(1, std::memory_order_relaxed);
       } else {
         // Reserved by another writer, or (a fingerprint collision across namespaces, which SHA-256 makes
@@ -414,25 +556,48 @@ BlockStore::ReadLease BlockStore::AcquireRead(const NamespaceRef& ns, std::span<
   ReadLease result;
   result.blocks.resize(keys.size());
   std::vector<EntryHandle> leased(keys.size(), kNoEntry);
+  std::vector<std::vector<std::byte>> owned;
   uint64_t hits = 0, bytes = 0;
   std::lock_guard<std::mutex> lock(mu_);
   ExpireLocked(clock_->Now());
+  // Pin every present block first, so that promoting one disk block cannot evict another of this read.
   for (size_t i = 0; i < keys.size(); ++i) {
     auto it = index_.find(keys[i]);
     if (it == index_.end()) continue;
     Entry& e = entries_[it->second];
     if (e.state != State::kCommitted || e.namespace_id != ns.id || e.tenant_id != ns.tenant_id) continue;
-    result.blocks[i] = {.present = true, .size_bytes = e.size_bytes, .checksum = e.checksum};
     leased[i] = it->second;
+    ++e.lease_count;
+  }
+  for (size_t i = 0; i < keys.size(); ++i) {
+    const EntryHandle h = leased[i];
+    if (h == kNoEntry) continue;
+    if (entries_[h].tier == Tier::kDisk) {
+      std::vector<std::byte> buffer;
+      if (!LoadFromDiskLocked(h, &buffer)) {
+        leased[i] = kNoEntry;
+        if (--entries_[h].lease_count == 0) EraseEntryLocked(h);  // bad or unreadable: never served
+        continue;
+      }
+      if (!buffer.empty()) {
+        owned.resize(keys.size());
+        owned[i] = std::move(buffer);
+      }
+    }
+    Entry& e = entries_[h];
+    result.blocks[i] = {.present = true, .size_bytes = e.size_bytes, .checksum = e.checksum};
     ++e.access_count;
-    policy_->OnAccess(it->second, AccessOf(e));
+    PolicyOf(e).OnAccess(h, AccessOf(e));
     ++hits;
     bytes += e.size_bytes;
   }
   stats_.read_blocks.fetch_add(hits, std::memory_order_relaxed);
   stats_.read_bytes.fetch_add(bytes, std::memory_order_relaxed);
   stats_.read_blocks_miss.fetch_add(keys.size() - hits, std::memory_order_relaxed);
-  if (hits > 0) result.lease_id = NewLeaseLocked(std::move(leased), ClampLease(lease_ttl));
+  if (hits > 0) {
+    result.lease_id = NewLeaseLocked(std::move(leased), ClampLease(lease_ttl), /*counted=*/true);
+    leases_[result.lease_id].owned = std::move(owned);
+  }
   return result;
 }
 
@@ -454,7 +619,11 @@ absl::Status BlockStore::CopyOut(uint64_t lease_id, uint32_t index, uint64_t off
       return absl::InvalidArgumentError(absl::StrCat("range [", offset, ", ", offset + dst.size(),
                                                      ") is past the block's ", e.size_bytes, " bytes"));
     }
-    src = allocator_->Data(e.slot) + offset;
+    if (index < lease.owned.size() && !lease.owned[index].empty()) {
+      src = lease.owned[index].data() + offset;  // read from disk for this lease, not promoted
+    } else {
+      src = allocator_->Data(e.slot) + offset;
+    }
     ++lease.pins;
   }
   if (!dst.empty()) std::memcpy(dst.data(), src, dst.size());
@@ -481,6 +650,13 @@ uint32_t BlockStore::Release(std::span<const uint64_t> lease_ids) {
   return released;
 }
 
+std::optional<Tier> BlockStore::TierOfForTest(const BlockKey& key) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = index_.find(key);
+  if (it == index_.end() || entries_[it->second].state != State::kCommitted) return std::nullopt;
+  return entries_[it->second].tier;
+}
+
 absl::Status BlockStore::CorruptBlockForTest(const BlockKey& key, uint64_t offset) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = index_.find(key);
@@ -489,6 +665,7 @@ absl::Status BlockStore::CorruptBlockForTest(const BlockKey& key, uint64_t offse
   }
   const Entry& e = entries_[it->second];
   if (offset >= e.size_bytes) return absl::InvalidArgumentError("offset past the block");
+  if (e.tier == Tier::kDisk) return disk_->CorruptForTest(key, offset);
   allocator_->Data(e.slot)[offset] ^= std::byte{0x5a};
   return absl::OkStatus();
 }

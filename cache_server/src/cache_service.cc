@@ -27,7 +27,7 @@ absl::StatusOr<CacheServiceImpl::Parsed> CacheServiceImpl::Parse(const v1::Names
   auto keys = wire::DecodeKeys(pkeys, ns->layout.tp_size, options_.max_blocks_per_request);
   if (!keys.ok()) return keys.status();
   Parsed p;
-  p.ns = NamespaceRef{.id = ns->Id(), .tenant_id = tenants_.Intern(ns->tenant), .block_bytes = block_bytes};
+  p.ns = NamespaceRef{.id = ns->Id(), .tenant_id = TenantId(ns->tenant), .block_bytes = block_bytes};
   p.keys = std::move(keys).value();
   return p;
 }
@@ -184,6 +184,13 @@ grpc::Status AdminServiceImpl::GetInfo(grpc::ServerContext*, const v1::GetInfoRe
   host->set_capacity_bytes(store_.capacity_bytes());
   host->set_used_bytes(store_.stats().stored_bytes.load(std::memory_order_relaxed));
   host->set_blocks(store_.stats().stored_blocks.load(std::memory_order_relaxed));
+  if (store_.has_disk_tier()) {
+    v1::TierInfo* disk = resp->add_tiers();
+    disk->set_tier("disk");
+    disk->set_capacity_bytes(store_.disk_capacity_bytes());
+    disk->set_used_bytes(store_.stats().disk_bytes.load(std::memory_order_relaxed));
+    disk->set_blocks(store_.stats().disk_blocks.load(std::memory_order_relaxed));
+  }
   resp->set_uptime_ms(static_cast<uint64_t>(absl::ToInt64Milliseconds(absl::Now() - start_)));
   resp->set_eviction_policy(store_.eviction_policy_name());
   resp->set_max_block_bytes(options_.max_block_bytes);
@@ -216,6 +223,16 @@ grpc::Status AdminServiceImpl::GetStats(grpc::ServerContext*, const v1::GetStats
   resp->set_stored_blocks(v(s.stored_blocks));
   resp->set_stored_bytes(v(s.stored_bytes));
   resp->set_capacity_bytes(store_.capacity_bytes());
+  resp->set_disk_blocks(v(s.disk_blocks));
+  resp->set_disk_bytes(v(s.disk_bytes));
+  resp->set_disk_capacity_bytes(store_.disk_capacity_bytes());
+  resp->set_demotions(v(s.demotions));
+  resp->set_promotions(v(s.promotions));
+  resp->set_disk_evictions(v(s.disk_evictions));
+  resp->set_disk_checksum_failures(v(s.disk_checksum_failures));
+  resp->set_disk_errors(v(s.disk_errors));
+  resp->set_recovered_blocks(v(s.recovered_blocks));
+  resp->set_slab_moves(v(s.slab_moves));
   return grpc::Status::OK;
 }
 

@@ -8,7 +8,6 @@
 #include "kvtier/v1/admin.grpc.pb.h"
 #include "kvtier/v1/cache.grpc.pb.h"
 #include "server_metrics.h"
-#include "tenant_registry.h"
 
 namespace kvtier::server {
 
@@ -38,7 +37,6 @@ class CacheServiceImpl final : public v1::CacheService::Service {
   const ServerOptions& options_;
   BlockStore& store_;
   ServerMetrics& metrics_;
-  TenantRegistry tenants_;
 };
 
 class AdminServiceImpl final : public v1::AdminService::Service {

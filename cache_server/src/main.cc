@@ -16,6 +16,8 @@ ABSL_FLAG(std::string, metrics_address, "", "/metrics host:port, or \"none\" (se
 ABSL_FLAG(std::string, port_file, "", "write \"<grpc_port> <metrics_port>\" here once bound (server.port_file)");
 ABSL_FLAG(std::string, host_cache_bytes, "", "host memory for blocks, e.g. 2GiB (host_tier.capacity_bytes)");
 ABSL_FLAG(std::string, slab_bytes, "", "slab size, e.g. 64MiB (host_tier.slab_bytes)");
+ABSL_FLAG(std::string, disk_path, "", "RocksDB directory of the disk tier (disk_tier.path)");
+ABSL_FLAG(std::string, disk_capacity_bytes, "", "disk tier budget, e.g. 100GiB (disk_tier.capacity_bytes)");
 ABSL_FLAG(std::string, max_block_bytes, "", "largest block accepted, e.g. 64MiB (limits.max_block_bytes)");
 
 namespace {
@@ -66,7 +68,9 @@ int main(int argc, char** argv) {
   Override(FLAGS_metrics_address, options.metrics_address);
   if (options.metrics_address == "none") options.metrics_address.clear();
   Override(FLAGS_port_file, options.port_file);
-  if (!OverrideBytes(FLAGS_host_cache_bytes, "host_cache_bytes", options.host_cache_bytes) ||
+  Override(FLAGS_disk_path, options.disk_path);
+  if (!OverrideBytes(FLAGS_disk_capacity_bytes, "disk_capacity_bytes", options.disk_capacity_bytes) ||
+      !OverrideBytes(FLAGS_host_cache_bytes, "host_cache_bytes", options.host_cache_bytes) ||
       !OverrideBytes(FLAGS_slab_bytes, "slab_bytes", options.slab_bytes) ||
       !OverrideBytes(FLAGS_max_block_bytes, "max_block_bytes", options.max_block_bytes)) {
     return 2;

@@ -76,7 +76,10 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
                                    .eviction_policy = options.eviction_policy,
                                    .default_lease_ttl = options.default_lease_ttl,
                                    .max_lease_ttl = options.max_lease_ttl,
-                                   .reservation_ttl = options.reservation_ttl});
+                                   .reservation_ttl = options.reservation_ttl,
+                                   .disk_path = options.disk_path,
+                                   .disk_capacity_bytes = options.disk_capacity_bytes,
+                                   .promote_on_hit = options.promote_on_hit});
   if (!store.ok()) return store.status();
   impl->store = std::move(store).value();
   impl->metrics = std::make_unique<ServerMetrics>(*impl->store, options.node_id);

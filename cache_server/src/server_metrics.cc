@@ -78,9 +78,29 @@ class StoreCollectable final : public prometheus::Collectable {
     Add(present, v(s.already_present));
     out.push_back(std::move(present));
 
-    auto evictions = Family("kvtier_evictions_total", "Blocks evicted, by tier.", MetricType::Counter);
+    auto evictions = Family("kvtier_evictions_total", "Blocks evicted, by tier (host evictions demote to disk "
+                            "when there is one).", MetricType::Counter);
     Add(evictions, v(s.evictions), {{"tier", "host"}});
+    Add(evictions, v(s.disk_evictions), {{"tier", "disk"}});
     out.push_back(std::move(evictions));
+
+    auto moves = Family("kvtier_tier_moves_total", "Blocks moved between tiers.", MetricType::Counter);
+    Add(moves, v(s.demotions), {{"from", "host"}, {"to", "disk"}});
+    Add(moves, v(s.promotions), {{"from", "disk"}, {"to", "host"}});
+    out.push_back(std::move(moves));
+
+    auto defrag = Family("kvtier_defrag_moves_total", "Slabs emptied and handed to another block size.",
+                         MetricType::Counter);
+    Add(defrag, v(s.slab_moves));
+    out.push_back(std::move(defrag));
+
+    auto disk_errors = Family("kvtier_disk_errors_total", "Disk tier I/O errors.", MetricType::Counter);
+    Add(disk_errors, v(s.disk_errors));
+    out.push_back(std::move(disk_errors));
+
+    auto recovered = Family("kvtier_recovered_blocks", "Blocks found on disk at start.", MetricType::Gauge);
+    Add(recovered, v(s.recovered_blocks));
+    out.push_back(std::move(recovered));
 
     auto rejections = Family("kvtier_rejections_total", "Requests or blocks refused, by reason.", MetricType::Counter);
     Add(rejections, v(s.rejections_no_space), {{"reason", "no_space"}});
@@ -89,7 +109,8 @@ class StoreCollectable final : public prometheus::Collectable {
 
     auto checksum = Family("kvtier_checksum_failures_total", "Blocks whose bytes failed their checksum.",
                            MetricType::Counter);
-    Add(checksum, v(s.checksum_failures), {{"stage", "commit"}});
+    Add(checksum, v(s.checksum_failures), {{"stage", "commit_or_move"}});
+    Add(checksum, v(s.disk_checksum_failures), {{"stage", "disk_read"}});
     out.push_back(std::move(checksum));
 
     auto expired = Family("kvtier_expired_total", "Leases and reservations that expired unreleased.",
@@ -109,15 +130,18 @@ class StoreCollectable final : public prometheus::Collectable {
 
     auto blocks = Family("kvtier_stored_blocks", "Committed blocks, by tier.", MetricType::Gauge);
     Add(blocks, v(s.stored_blocks), {{"tier", "host"}});
+    if (store_.has_disk_tier()) Add(blocks, v(s.disk_blocks), {{"tier", "disk"}});
     out.push_back(std::move(blocks));
 
     auto stored = Family("kvtier_stored_bytes", "Bytes of slots in use (committed and reserved), by tier.",
                          MetricType::Gauge);
     Add(stored, v(s.stored_bytes), {{"tier", "host"}});
+    if (store_.has_disk_tier()) Add(stored, v(s.disk_bytes), {{"tier", "disk"}});
     out.push_back(std::move(stored));
 
     auto capacity = Family("kvtier_capacity_bytes", "Bytes each tier may hold.", MetricType::Gauge);
     Add(capacity, static_cast<double>(store_.capacity_bytes()), {{"tier", "host"}});
+    if (store_.has_disk_tier()) Add(capacity, static_cast<double>(store_.disk_capacity_bytes()), {{"tier", "disk"}});
     out.push_back(std::move(capacity));
     return out;
   }

@@ -91,6 +91,15 @@ Setter Duration(absl::Duration ServerOptions::*field) {
   };
 }
 
+Setter Bool(bool ServerOptions::*field) {
+  return [field](const std::string& key, const YAML::Node& v, ServerOptions& o) -> absl::Status {
+    bool b = false;
+    if (!v.IsScalar() || !YAML::convert<bool>::decode(v, b)) return Bad(key, "must be true or false");
+    o.*field = b;
+    return absl::OkStatus();
+  };
+}
+
 const std::map<std::string, std::map<std::string, Setter>>& Schema() {
   static const auto* schema = new std::map<std::string, std::map<std::string, Setter>>{
       {"server",
@@ -101,6 +110,10 @@ const std::map<std::string, std::map<std::string, Setter>>& Schema() {
       {"host_tier",
        {{"capacity_bytes", Bytes(&ServerOptions::host_cache_bytes)},
         {"slab_bytes", Bytes(&ServerOptions::slab_bytes)}}},
+      {"disk_tier",
+       {{"path", String(&ServerOptions::disk_path)},
+        {"capacity_bytes", Bytes(&ServerOptions::disk_capacity_bytes)},
+        {"promote_on_hit", Bool(&ServerOptions::promote_on_hit)}}},
       {"limits",
        {{"max_block_bytes", Bytes(&ServerOptions::max_block_bytes)},
         {"max_blocks_per_request", Bytes(&ServerOptions::max_blocks_per_request)},
@@ -127,6 +140,12 @@ absl::Status ServerOptions::Validate() const {
   }
   if (host_cache_bytes == 0) return Bad("host_tier.capacity_bytes", "must be > 0");
   if (slab_bytes == 0) return Bad("host_tier.slab_bytes", "must be > 0");
+  if (!disk_path.empty() && disk_capacity_bytes == 0) {
+    return Bad("disk_tier.capacity_bytes", "must be > 0 when disk_tier.path is set");
+  }
+  if (disk_path.empty() && disk_capacity_bytes != 0) {
+    return Bad("disk_tier.path", "is required when disk_tier.capacity_bytes is set");
+  }
   if (max_block_bytes == 0) return Bad("limits.max_block_bytes", "must be > 0");
   if (max_block_bytes > slab_bytes) {
     return Bad("limits.max_block_bytes", absl::StrCat("must be <= host_tier.slab_bytes (", slab_bytes, ")"));

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -128,6 +129,59 @@ TEST(ServerProcessTest, KilledServerBecomesCountedMissesWithinTheDeadline) {
   for (auto r : *put) EXPECT_EQ(r, client::PutResult::kError);
   EXPECT_LT(absl::Now() - start, absl::Milliseconds(3 * 800 + 500));
   EXPECT_EQ((*client)->stats().misses_from_errors.load(), 8u);
+}
+
+TEST(ServerProcessTest, DiskTierComesBackAfterKillDashNineUnderTheSameNodeId) {
+  char dir_template[] = "/tmp/kvtier-disk-XXXXXX";
+  ASSERT_NE(mkdtemp(dir_template), nullptr);
+  const std::string disk = std::string(dir_template) + "/db";
+  const Namespace ns = TestNamespace();
+  const uint64_t size = ns.layout.ShardBytes();
+  // Host memory holds 4 blocks, so most of the 40 end up demoted to disk.
+  const std::vector<std::string> args = {"--disk_path=" + disk, "--disk_capacity_bytes=64MiB",
+                                         "--host_cache_bytes=" + std::to_string(4 * size)};
+  std::vector<uint32_t> tokens(40 * 16);
+  for (uint32_t i = 0; i < tokens.size(); ++i) tokens[i] = i * 3 + 1;
+  auto fps = ChainFingerprints(ns, tokens);
+  ASSERT_OK(fps);
+  std::vector<std::vector<std::byte>> data;
+  for (uint8_t i = 0; i < 40; ++i) data.push_back(Bytes(size, i));
+  {
+    auto proc = ServerProcess::Start("disk-node", args);
+    ASSERT_OK(proc);
+    // Batches of 4 blocks, each committed before the next: the put streams through the small host tier.
+    auto client = client::Client::Connect({.members = {(*proc)->address()}, .put_batch_blocks = 4});
+    ASSERT_OK(client);
+    std::vector<std::span<const std::byte>> in(data.begin(), data.end());
+    auto put = (*client)->Put(ns, *fps, 0, in);
+    ASSERT_OK(put);
+    for (auto r : *put) ASSERT_EQ(r, client::PutResult::kStored);
+    (*proc)->KillAndWait(SIGKILL);
+  }
+  auto proc = ServerProcess::Start("disk-node", args);
+  ASSERT_OK(proc);
+  auto client = client::Client::Connect({.members = {(*proc)->address()}});
+  ASSERT_OK(client);
+  auto look = (*client)->LookupPrefix(ns, *fps);
+  ASSERT_OK(look);
+  // The 36 demoted blocks survive; the 4 that were only in host memory are gone.
+  uint32_t present = 0;
+  for (bool p : look->present) present += p;
+  EXPECT_EQ(present, 36u);
+  std::vector<std::vector<std::byte>> out(40, std::vector<std::byte>(size));
+  std::vector<std::span<std::byte>> views(out.begin(), out.end());
+  auto got = (*client)->Get(ns, *fps, 0, views);
+  ASSERT_OK(got);
+  uint32_t hits = 0;
+  for (size_t i = 0; i < 40; ++i) {
+    if ((*got)[i] != client::GetResult::kHit) continue;
+    ++hits;
+    EXPECT_EQ(out[i], data[i]) << i;
+  }
+  EXPECT_EQ(hits, 36u);
+  EXPECT_EQ((*client)->stats().checksum_failures.load(), 0u);
+  (*proc)->KillAndWait(SIGTERM);
+  std::filesystem::remove_all(dir_template);
 }
 
 TEST(ServerProcessTest, BadConfigExitsWithAnErrorNamingTheKey) {

@@ -35,6 +35,7 @@ absl::Status ClientOptions::Validate() const {
     return absl::InvalidArgumentError("stream_chunk_bytes: must be > 0 and below max_message_bytes - 64 KiB");
   }
   if (max_blocks_per_request == 0) return absl::InvalidArgumentError("max_blocks_per_request: must be > 0");
+  if (put_batch_blocks == 0) return absl::InvalidArgumentError("put_batch_blocks: must be > 0");
   return absl::OkStatus();
 }
 
@@ -85,7 +86,11 @@ class Client::Impl {
     ctx.set_deadline(absl::ToChronoTime(absl::Now() + options.rpc_timeout));
   }
 
-  OwnerGroups GroupByOwner(std::span<const Fingerprint> fps, std::span<const uint32_t> indices) const {
+  // Groups by primary owner, then splits each group into batches of at most `batch` blocks (default:
+  // max_blocks_per_request); batches of one owner are adjacent.
+  OwnerGroups GroupByOwner(std::span<const Fingerprint> fps, std::span<const uint32_t> indices,
+                           size_t batch = 0) const {
+    if (batch == 0) batch = options.max_blocks_per_request;
     absl::flat_hash_map<uint32_t, size_t> slot;
     OwnerGroups groups;
     for (uint32_t i : indices) {
@@ -97,8 +102,8 @@ class Client::Impl {
     // Split batches above the per-request limit.
     OwnerGroups out;
     for (auto& [m, idx] : groups) {
-      for (size_t off = 0; off < idx.size(); off += options.max_blocks_per_request) {
-        const size_t end = std::min(idx.size(), off + options.max_blocks_per_request);
+      for (size_t off = 0; off < idx.size(); off += batch) {
+        const size_t end = std::min(idx.size(), off + batch);
         out.push_back({m, std::vector<uint32_t>(idx.begin() + off, idx.begin() + end)});
       }
     }
@@ -373,11 +378,19 @@ absl::StatusOr<std::vector<PutResult>> Client::Put(const Namespace& ns, std::spa
   if (fps.empty()) return results;
   std::vector<uint32_t> all(fps.size());
   for (uint32_t i = 0; i < all.size(); ++i) all[i] = i;
-  const OwnerGroups groups = im.GroupByOwner(fps, all);
+  const OwnerGroups groups =
+      im.GroupByOwner(fps, all, std::min(im.options.max_blocks_per_request, im.options.put_batch_blocks));
+  // Owners in parallel; one owner's batches in order, each committed before the next is reserved, so a
+  // put larger than an owner's memory streams through it instead of reserving more than it has.
+  std::vector<std::pair<size_t, size_t>> runs;  // [first, last) group of each owner
+  for (size_t g = 0; g < groups.size(); ++g) {
+    if (g == 0 || groups[g].first != groups[g - 1].first) runs.push_back({g, g});
+    runs.back().second = g + 1;
+  }
   v1::Namespace pns;
   wire::ToProto(ns, &pns);
 
-  Impl::ForEachParallel(groups.size(), [&](size_t g) {
+  auto put_batch = [&](size_t g) {
     const auto& [member, idx] = groups[g];
     v1::CacheService::Stub& stub = *im.members[member].cache;
     // Phase 1: reserve.
@@ -462,6 +475,9 @@ absl::StatusOr<std::vector<PutResult>> Client::Put(const Namespace& ns, std::spa
     }
     // The server saw other bytes than we sent: count it like a corrupt read.
     im.stats.checksum_failures.fetch_add(mismatched, std::memory_order_relaxed);
+  };
+  Impl::ForEachParallel(runs.size(), [&](size_t r) {
+    for (size_t g = runs[r].first; g < runs[r].second; ++g) put_batch(g);
   });
 
   uint64_t stored = 0, rejected = 0;

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <queue>
 #include <span>
 #include <string>
@@ -22,6 +23,8 @@
 
 namespace kvtier::server {
 
+class DiskTier;  // src/storage/disk_tier.h
+
 struct BlockStoreOptions {
   uint64_t capacity_bytes = 1ULL << 30;      // Default: 1 GiB of host memory for blocks.
   uint64_t slab_bytes = 64ULL << 20;         // Default: 64 MiB; also the largest block accepted.
@@ -30,6 +33,10 @@ struct BlockStoreOptions {
   absl::Duration max_lease_ttl = absl::Seconds(60);      // Longer requests are capped to this.
   absl::Duration reservation_ttl = absl::Seconds(30);    // Uncommitted slots return after this.
   Clock* clock = nullptr;                    // Default (null): Clock::Real(). Not owned.
+  // Disk tier (RocksDB). Empty path: no disk tier, host evictions drop blocks.
+  std::string disk_path;
+  uint64_t disk_capacity_bytes = 0;          // budget on logical block bytes; > 0 when disk_path is set
+  bool promote_on_hit = true;                // a read of a disk block moves it back to host memory
 
   // Errors: InvalidArgument naming the field.
   absl::Status Validate() const;
@@ -39,9 +46,14 @@ struct BlockStoreOptions {
 // belongs to, and the bytes of each block (KvLayout::ShardBytes()).
 struct NamespaceRef {
   uint64_t id = 0;
-  uint32_t tenant_id = 0;   // interned by the caller; entries of another tenant are invisible
+  uint64_t tenant_id = 0;   // TenantId(tenant); entries of another tenant are invisible
   uint64_t block_bytes = 0;
 };
+
+// A stable 64-bit id of a tenant name (XXH3-64), the same after a restart. Thread-safe.
+uint64_t TenantId(const std::string& tenant);
+
+enum class Tier : uint8_t { kHost = 0, kDisk = 1 };
 
 enum class AllocateOutcome : uint8_t { kAllocated, kAlreadyPresent, kInProgress, kNoSpace };
 enum class CommitOutcome : uint8_t { kCommitted, kChecksumMismatch, kIncomplete, kNotAllocated };
@@ -64,8 +76,17 @@ struct BlockStoreStats {
   std::atomic<uint64_t> expired_leases{0};
   std::atomic<uint64_t> active_leases{0};        // gauge
   std::atomic<uint64_t> active_reservations{0};  // gauge
-  std::atomic<uint64_t> stored_blocks{0};        // gauge: committed blocks
+  std::atomic<uint64_t> stored_blocks{0};        // gauge: committed blocks in host memory
   std::atomic<uint64_t> stored_bytes{0};         // gauge: slot bytes of committed and reserved blocks
+  std::atomic<uint64_t> disk_blocks{0};          // gauge: blocks on disk
+  std::atomic<uint64_t> disk_bytes{0};           // gauge: logical bytes on disk
+  std::atomic<uint64_t> demotions{0};            // host -> disk
+  std::atomic<uint64_t> promotions{0};           // disk -> host
+  std::atomic<uint64_t> disk_evictions{0};       // dropped from disk
+  std::atomic<uint64_t> disk_checksum_failures{0};  // disk reads whose bytes failed: dropped, never served
+  std::atomic<uint64_t> disk_errors{0};          // disk I/O errors (the block is dropped or not demoted)
+  std::atomic<uint64_t> recovered_blocks{0};     // found on disk at start
+  std::atomic<uint64_t> slab_moves{0};           // slabs emptied to serve another block size
 };
 
 // Per-block answer of AcquireRead.
@@ -75,8 +96,12 @@ struct ReadBlockInfo {
   uint64_t checksum = 0;  // XXH3-64 verified at commit
 };
 
-// The index maps BlockKey to an entry with the namespace and tenant, slot, size, checksum, lease count
-// and state. A block becomes visible only after Commit verified its checksum; a leased block is never
+// The index maps BlockKey to an entry with the namespace and tenant, tier, slot, size, checksum, lease
+// count and state. Tiers: host memory (slots), then disk (RocksDB) when configured: evicting a host block
+// demotes it to disk, the disk evicts by its own policy instance and drops; a read of a disk block
+// verifies its checksum (a failing block is dropped and counted, never served) and, with
+// promote_on_hit, moves it back to host memory. Disk blocks survive a restart (recovered in Create).
+// Disk I/O currently runs under the store's lock. A block becomes visible only after Commit verified its checksum; a leased block is never
 // evicted or reused; a reservation that is not committed within reservation_ttl returns its slots.
 // Capacity: slots come from a SlabAllocator of capacity_bytes, so usage never exceeds it; when no
 // unleased block can be evicted, Allocate reports kNoSpace for that key (a rejection).
@@ -148,11 +173,15 @@ class BlockStore {
   const BlockStoreStats& stats() const { return stats_; }
   uint64_t capacity_bytes() const;
   uint64_t used_bytes() const;
+  bool has_disk_tier() const { return disk_ != nullptr; }
+  uint64_t disk_capacity_bytes() const { return disk_ != nullptr ? options_.disk_capacity_bytes : 0; }
   const char* eviction_policy_name() const { return policy_->name(); }
 
   // Overwrites one byte of a committed block in place, bypassing every check. Test builds use it to
   // prove that corrupt blocks are caught by the client's checksum. Errors: NotFound (not stored).
   absl::Status CorruptBlockForTest(const BlockKey& key, uint64_t offset);
+  // The tier holding `key`, or nullopt when it is not committed.
+  std::optional<Tier> TierOfForTest(const BlockKey& key) const;
 
  private:
   enum class State : uint8_t { kFree, kReserved, kCommitted };
@@ -162,15 +191,18 @@ class BlockStore {
     uint64_t size_bytes = 0;
     uint64_t checksum = 0;
     uint64_t reservation_id = 0;  // while kReserved
-    SlotRef slot;
-    uint32_t tenant_id = 0;
+    uint64_t tenant_id = 0;
+    SlotRef slot;                 // while tier == kHost
     uint32_t lease_count = 0;
     uint32_t access_count = 0;
     uint32_t depth = 0;
     State state = State::kFree;
+    Tier tier = Tier::kHost;
   };
   struct Lease {
     std::vector<EntryHandle> entries;  // per key index; kNoEntry when absent
+    // Per key index: bytes read from disk for this lease (when not promoted); empty otherwise.
+    std::vector<std::vector<std::byte>> owned;
     absl::Time expiry;
     uint32_t pins = 0;                 // copies in flight
     bool dead = false;                 // released or expired while pinned: free at unpin
@@ -188,17 +220,29 @@ class BlockStore {
   EntryHandle NewEntryLocked();
   void EraseEntryLocked(EntryHandle h);   // frees slot, removes from map and policy
   bool EvictOneLocked(uint64_t slot_bytes);
+  // Moves a host block to disk (making room there), or drops it when there is no disk or it fails.
+  void DemoteOrDropLocked(EntryHandle h);
+  // Makes room for `bytes` on disk by dropping unleased disk blocks. False when it cannot.
+  bool MakeDiskRoomLocked(uint64_t bytes);
+  // Reads a disk block into host memory (promote) or into `owned`. False (and the entry dropped when
+  // its bytes are bad) on failure.
+  bool LoadFromDiskLocked(EntryHandle h, std::vector<std::byte>* owned);
+  absl::Status RecoverDiskLocked();
+  EvictionPolicy& PolicyOf(const Entry& e) { return e.tier == Tier::kHost ? *policy_ : *disk_policy_; }
   void ExpireLocked(absl::Time now);
   void EndLeaseLocked(uint64_t lease_id, Lease& lease);
   void EndReservationLocked(Reservation& r);
   absl::Duration ClampLease(absl::Duration ttl) const;
-  uint64_t NewLeaseLocked(std::vector<EntryHandle> entries, absl::Duration ttl);
+  // `counted`: the entries' lease counts were already raised by the caller.
+  uint64_t NewLeaseLocked(std::vector<EntryHandle> entries, absl::Duration ttl, bool counted = false);
   BlockAccess AccessOf(const Entry& e) const;
 
   BlockStoreOptions options_;
   Clock* clock_;
   std::unique_ptr<SlabAllocator> allocator_;
-  std::unique_ptr<EvictionPolicy> policy_;
+  std::unique_ptr<EvictionPolicy> policy_;       // host entries
+  std::unique_ptr<EvictionPolicy> disk_policy_;  // disk entries
+  std::unique_ptr<DiskTier> disk_;         // null without a disk tier
   BlockStoreStats stats_;
 
   mutable std::mutex mu_;  // std::mutex so ThreadSanitizer sees it (HOUSE_STYLE §8)

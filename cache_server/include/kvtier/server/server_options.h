@@ -18,6 +18,9 @@ struct ServerOptions {
   std::string metrics_address = "127.0.0.1:0";      // host:port of /metrics; empty = no exposer
   uint64_t host_cache_bytes = 1ULL << 30;           // Default: 1 GiB of host memory for blocks
   uint64_t slab_bytes = 64ULL << 20;                // Default: 64 MiB; also the largest block accepted
+  std::string disk_path;                            // RocksDB directory of the disk tier; empty = none
+  uint64_t disk_capacity_bytes = 0;                 // budget on logical bytes on disk (docs/config.md)
+  bool promote_on_hit = true;                       // a hit on disk moves the block back to host memory
   uint64_t max_block_bytes = 64ULL << 20;           // Default: 64 MiB; <= slab_bytes
   uint32_t max_blocks_per_request = 65536;          // Default: 64 Ki keys per RPC
   uint64_t max_message_bytes = 80ULL << 20;         // Default: 80 MiB gRPC messages both ways

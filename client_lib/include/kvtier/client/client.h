@@ -29,6 +29,10 @@ struct ClientOptions {
   uint64_t max_message_bytes = 80ULL << 20;             // gRPC message limit; must match the servers'
   uint64_t stream_chunk_bytes = 1ULL << 20;             // bytes per streamed write message
   uint32_t max_blocks_per_request = 4096;               // larger batches are split per owner
+  // Blocks per put batch to one owner (DESIGN.md §8's transfer batch size). Batches to one owner run in
+  // order, each committed before the next is reserved, so a put larger than an owner's free memory
+  // streams through it. Default 64.
+  uint32_t put_batch_blocks = 64;
 
   // Errors: InvalidArgument naming the field.
   absl::Status Validate() const;

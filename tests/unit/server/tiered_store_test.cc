@@ -1,0 +1,225 @@
+// BlockStore with a host tier and a RocksDB disk tier: demotion, promotion, restart, corruption.
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "kvtier/common/checksum.h"
+#include "kvtier/server/block_store.h"
+#include "storage/disk_tier.h"
+#include "testing/status_matchers.h"
+
+namespace kvtier::server {
+namespace {
+
+constexpr uint64_t kBlock = 4096;
+
+BlockKey Key(uint32_t n) {
+  BlockKey k;
+  std::memcpy(k.fingerprint.bytes.data(), &n, sizeof(n));
+  k.fingerprint.bytes[31] = 0xcd;
+  return k;
+}
+
+std::vector<std::byte> Payload(uint32_t seed, uint64_t size = kBlock) {
+  std::vector<std::byte> b(size);
+  for (size_t i = 0; i < size; ++i) b[i] = static_cast<std::byte>((i * 131 + seed * 7919) >> 3);
+  return b;
+}
+
+class TieredStoreTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::temp_directory_path() /
+           ("kvtier-tier-" + std::to_string(getpid()) + "-" + ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    std::filesystem::remove_all(dir_);
+  }
+  void TearDown() override {
+    store_.reset();
+    std::filesystem::remove_all(dir_);
+  }
+
+  void Open(uint64_t host_blocks, uint64_t disk_blocks, bool promote = true) {
+    store_.reset();
+    auto s = BlockStore::Create({.capacity_bytes = host_blocks * kBlock, .slab_bytes = 4 * kBlock,
+                                 .disk_path = dir_.string(), .disk_capacity_bytes = disk_blocks * kBlock,
+                                 .promote_on_hit = promote});
+    ASSERT_OK(s);
+    store_ = std::move(s).value();
+  }
+
+  void Put(uint32_t n) {
+    const BlockKey k = Key(n);
+    auto a = store_->Allocate(ns_, std::span<const BlockKey>(&k, 1));
+    ASSERT_OK(a);
+    ASSERT_EQ(a->outcomes[0], AllocateOutcome::kAllocated) << n;
+    auto bytes = Payload(n);
+    ASSERT_OK(store_->Write(a->reservation_id, 0, 0, bytes));
+    const uint64_t sum = BlockChecksum(bytes.data(), bytes.size());
+    auto c = store_->Commit(a->reservation_id, std::span<const uint64_t>(&sum, 1));
+    ASSERT_OK(c);
+    ASSERT_EQ((*c)[0], CommitOutcome::kCommitted);
+  }
+
+  bool Present(uint32_t n) {
+    const BlockKey k = Key(n);
+    return store_->Lookup(ns_, std::span<const BlockKey>(&k, 1), absl::ZeroDuration()).present[0];
+  }
+
+  // Reads block n; empty when absent. Checks the checksum the store reports.
+  std::vector<std::byte> Read(uint32_t n) {
+    const BlockKey k = Key(n);
+    auto lease = store_->AcquireRead(ns_, std::span<const BlockKey>(&k, 1), absl::ZeroDuration());
+    if (!lease.blocks[0].present) return {};
+    std::vector<std::byte> out(lease.blocks[0].size_bytes);
+    EXPECT_OK(store_->CopyOut(lease.lease_id, 0, 0, out));
+    EXPECT_EQ(BlockChecksum(out.data(), out.size()), lease.blocks[0].checksum);
+    store_->Release(std::span<const uint64_t>(&lease.lease_id, 1));
+    return out;
+  }
+
+  std::filesystem::path dir_;
+  std::unique_ptr<BlockStore> store_;
+  NamespaceRef ns_{.id = 5, .tenant_id = TenantId("acme"), .block_bytes = kBlock};
+};
+
+TEST_F(TieredStoreTest, HostEvictionDemotesToDiskAndAHitPromotesBack) {
+  Open(4, 16);
+  for (uint32_t n = 0; n < 10; ++n) Put(n);
+  for (uint32_t n = 0; n < 10; ++n) EXPECT_TRUE(Present(n)) << n;
+  EXPECT_EQ(store_->stats().stored_blocks.load(), 4u);
+  EXPECT_EQ(store_->stats().disk_blocks.load(), 6u);
+  EXPECT_EQ(store_->stats().demotions.load(), 6u);
+  EXPECT_EQ(store_->TierOfForTest(Key(0)), Tier::kDisk);   // the oldest went down
+  EXPECT_EQ(store_->TierOfForTest(Key(9)), Tier::kHost);
+  EXPECT_EQ(Read(0), Payload(0));
+  EXPECT_EQ(store_->TierOfForTest(Key(0)), Tier::kHost);   // promoted by the hit
+  EXPECT_EQ(store_->stats().promotions.load(), 1u);
+  EXPECT_EQ(store_->stats().disk_blocks.load(), 6u);       // one up, one (the host LRU) down
+  EXPECT_LE(store_->used_bytes(), 4 * kBlock);
+}
+
+TEST_F(TieredStoreTest, FullDiskDropsItsLeastRecentlyUsedBlock) {
+  Open(2, 3);
+  for (uint32_t n = 0; n < 8; ++n) Put(n);
+  EXPECT_EQ(store_->stats().disk_blocks.load(), 3u);
+  EXPECT_LE(store_->stats().disk_bytes.load(), 3 * kBlock);
+  EXPECT_EQ(store_->stats().disk_evictions.load(), 3u);
+  for (uint32_t n = 0; n < 3; ++n) EXPECT_FALSE(Present(n)) << n;
+  for (uint32_t n = 3; n < 8; ++n) EXPECT_TRUE(Present(n)) << n;
+}
+
+TEST_F(TieredStoreTest, WithoutPromotionReadsAreServedFromDisk) {
+  Open(2, 8, /*promote=*/false);
+  for (uint32_t n = 0; n < 5; ++n) Put(n);
+  ASSERT_EQ(store_->TierOfForTest(Key(0)), Tier::kDisk);
+  EXPECT_EQ(Read(0), Payload(0));
+  EXPECT_EQ(store_->TierOfForTest(Key(0)), Tier::kDisk);
+  EXPECT_EQ(store_->stats().promotions.load(), 0u);
+}
+
+TEST_F(TieredStoreTest, DiskTierSurvivesARestartWithUsageAndHits) {
+  Open(2, 32);
+  for (uint32_t n = 0; n < 12; ++n) Put(n);
+  const uint64_t on_disk = store_->stats().disk_blocks.load();
+  ASSERT_EQ(on_disk, 10u);
+  Open(2, 32);  // a new store over the same directory: host memory is gone, the disk is not
+  EXPECT_EQ(store_->stats().recovered_blocks.load(), on_disk);
+  EXPECT_EQ(store_->stats().disk_blocks.load(), on_disk);
+  EXPECT_EQ(store_->stats().disk_bytes.load(), on_disk * kBlock);
+  for (uint32_t n = 0; n < 10; ++n) EXPECT_EQ(Read(n), Payload(n)) << n;
+  EXPECT_FALSE(Present(10));  // these were in host memory only
+  EXPECT_FALSE(Present(11));
+}
+
+TEST_F(TieredStoreTest, RestartWithASmallerBudgetDropsDownToIt) {
+  Open(1, 16);
+  for (uint32_t n = 0; n < 9; ++n) Put(n);
+  ASSERT_EQ(store_->stats().disk_blocks.load(), 8u);
+  Open(1, 4);
+  EXPECT_EQ(store_->stats().disk_blocks.load(), 4u);
+  EXPECT_LE(store_->stats().disk_bytes.load(), 4 * kBlock);
+}
+
+TEST_F(TieredStoreTest, CorruptBytesOnDiskAreDetectedAndNeverServed) {
+  Open(2, 16);
+  for (uint32_t n = 0; n < 6; ++n) Put(n);
+  ASSERT_EQ(store_->TierOfForTest(Key(1)), Tier::kDisk);
+  ASSERT_OK(store_->CorruptBlockForTest(Key(1), 100));
+  EXPECT_TRUE(Read(1).empty());
+  EXPECT_EQ(store_->stats().disk_checksum_failures.load(), 1u);
+  EXPECT_FALSE(Present(1));  // dropped
+  EXPECT_EQ(Read(2), Payload(2));
+}
+
+TEST_F(TieredStoreTest, CorruptHostBytesNeverReachDisk) {
+  Open(1, 16);
+  Put(0);
+  ASSERT_OK(store_->CorruptBlockForTest(Key(0), 7));
+  Put(1);  // demotes block 0, whose checksum no longer matches
+  EXPECT_FALSE(Present(0));
+  EXPECT_EQ(store_->stats().checksum_failures.load(), 1u);
+  EXPECT_EQ(store_->stats().disk_blocks.load(), 0u);
+}
+
+TEST_F(TieredStoreTest, BudgetsHoldUnderThreeTimesOverfillWithLeasedReaders) {
+  Open(8, 16);
+  std::vector<uint64_t> leases;
+  for (uint32_t n = 0; n < 72; ++n) {
+    Put(n);
+    if (n % 18 == 0) {  // a reader that never releases (4 of the 8 host slots end up pinned)
+      const BlockKey k = Key(n);
+      auto l = store_->AcquireRead(ns_, std::span<const BlockKey>(&k, 1), absl::Seconds(60));
+      leases.push_back(l.lease_id);
+    }
+    ASSERT_LE(store_->used_bytes(), 8 * kBlock);
+    ASSERT_LE(store_->stats().disk_bytes.load(), 16 * kBlock);
+  }
+  for (uint32_t n = 0; n < 72; n += 18) EXPECT_TRUE(Present(n)) << "leased block " << n << " was evicted";
+}
+
+TEST(DiskTierTest, ProcessKilledMidWriteNeverLeavesAHalfWrittenBlock) {
+  const auto dir = std::filesystem::temp_directory_path() / ("kvtier-kill-" + std::to_string(getpid()));
+  std::filesystem::remove_all(dir);
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    auto disk = DiskTier::Open(dir.string());
+    if (!disk.ok()) _exit(3);
+    for (uint32_t n = 0;; ++n) {
+      auto bytes = Payload(n, 256 << 10);
+      const DiskBlockMeta meta{.namespace_id = 1, .tenant_id = 2, .size_bytes = bytes.size(),
+                               .checksum = BlockChecksum(bytes.data(), bytes.size())};
+      if (!(*disk)->Put(Key(n), meta, bytes).ok()) _exit(4);
+    }
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  kill(child, SIGKILL);
+  int status = 0;
+  waitpid(child, &status, 0);
+  ASSERT_TRUE(WIFSIGNALED(status)) << "the writer stopped by itself with " << status;
+
+  auto disk = DiskTier::Open(dir.string());
+  ASSERT_OK(disk);
+  uint64_t blocks = 0, bad = 0;
+  std::vector<std::pair<BlockKey, DiskBlockMeta>> all;
+  ASSERT_OK((*disk)->ForEach([&](const BlockKey& k, const DiskBlockMeta& m) { all.push_back({k, m}); }, &bad));
+  EXPECT_EQ(bad, 0u);
+  for (const auto& [k, m] : all) {
+    std::vector<std::byte> out(m.size_bytes);
+    EXPECT_OK((*disk)->Get(k, m, out));
+    ++blocks;
+  }
+  EXPECT_GT(blocks, 0u) << "the writer wrote nothing in 300 ms";
+  disk->reset();
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace kvtier::server
