@@ -8,6 +8,8 @@
 #   --json                print the report as one JSON object (fields: bench/README.md)
 #   --limit N             replay only the first N requests
 #   --block-bytes B       payload bytes per block (default 32768)
+#   --disk-blocks N       add a RocksDB disk tier of N blocks to the cluster (split evenly); host
+#                         evictions then demote to disk, and capacity for the report is host + disk
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -16,6 +18,7 @@ CAPACITY_BLOCKS=6000
 JSON=0
 LIMIT=0
 BLOCK_BYTES=32768
+DISK_BLOCKS=0
 NODES=3
 while [[ $# -gt 0 ]]; do
   case "$1" in
@@ -24,7 +27,8 @@ while [[ $# -gt 0 ]]; do
     --json) JSON=1; shift ;;
     --limit) LIMIT=$2; shift 2 ;;
     --block-bytes) BLOCK_BYTES=$2; shift 2 ;;
-    -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
+    --disk-blocks) DISK_BLOCKS=$2; shift 2 ;;
+    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
     *) echo "demo.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -49,11 +53,18 @@ cleanup() {
 }
 trap cleanup EXIT
 
+DISK_ARGS=()
+if (( DISK_BLOCKS > 0 )); then
+  DISK_BYTES=$(( (DISK_BLOCKS + NODES - 1) / NODES * BLOCK_BYTES ))
+fi
 MEMBERS=()
 for i in $(seq 1 "$NODES"); do
+  if (( DISK_BLOCKS > 0 )); then
+    DISK_ARGS=(--disk_path="$WORK/node-$i.db" --disk_capacity_bytes="$DISK_BYTES")
+  fi
   "$BUILD/cache_server/kvtier-server" --node_id="node-$i" --listen_address=127.0.0.1:0 \
     --metrics_address=127.0.0.1:0 --port_file="$WORK/node-$i.port" \
-    --host_cache_bytes="$HOST_BYTES" 2>"$WORK/node-$i.log" &
+    --host_cache_bytes="$HOST_BYTES" "${DISK_ARGS[@]}" 2>"$WORK/node-$i.log" &
   PIDS+=($!)
 done
 for i in $(seq 1 "$NODES"); do
@@ -65,7 +76,7 @@ for i in $(seq 1 "$NODES"); do
 done
 MEMBER_LIST=$(IFS=,; echo "${MEMBERS[*]}")
 
-ARGS=(--members="$MEMBER_LIST" --capacity_blocks="$CAPACITY_BLOCKS" --block_bytes="$BLOCK_BYTES" --limit="$LIMIT")
+ARGS=(--members="$MEMBER_LIST" --capacity_blocks="$(( CAPACITY_BLOCKS + DISK_BLOCKS ))" --block_bytes="$BLOCK_BYTES" --limit="$LIMIT")
 [[ -n "$TRACE" ]] && ARGS+=(--trace="$TRACE")
 [[ $JSON -eq 1 ]] && ARGS+=(--json)
 log "replaying ${TRACE:-the built-in workload} against $MEMBER_LIST"
