@@ -11,6 +11,7 @@ PACKAGES=(
   libgtest-dev googletest libgmock-dev libbenchmark-dev
   libyaml-cpp-dev libspdlog-dev libxxhash-dev libssl-dev prometheus-cpp-dev libcli11-dev nlohmann-json3-dev
   curl procps
+  clang libclang-rt-14-dev
 )
 
 missing=()

@@ -77,6 +77,7 @@ absl::Status BlockStore::RecoverDiskLocked() {
     e.access_count = meta.access_count;
     e.state = State::kCommitted;
     e.tier = Tier::kDisk;
+    e.inserted_ns = e.last_access_ns = absl::ToUnixNanos(clock_->Now());
     index_.emplace(key, h);
     disk_policy_->OnInsert(h, AccessOf(e));
     stats_.disk_blocks.fetch_add(1, std::memory_order_relaxed);
@@ -352,6 +353,105 @@ BlockStore::LookupResult BlockStore::Lookup(const NamespaceRef& ns, std::span<co
   return result;
 }
 
+BlockStore::BlockInfo BlockStore::InfoOf(const Entry& e) const {
+  return BlockInfo{.key = e.key, .namespace_id = e.namespace_id, .tenant_id = e.tenant_id, .tier = e.tier,
+                   .size_bytes = e.size_bytes, .checksum = e.checksum, .depth = e.depth,
+                   .access_count = e.access_count, .lease_count = e.lease_count,
+                   .inserted = absl::FromUnixNanos(e.inserted_ns), .last_access = absl::FromUnixNanos(e.last_access_ns)};
+}
+
+bool BlockStore::Matches(const Entry& e, const BlockFilter& f) {
+  return e.state == State::kCommitted && (!f.namespace_id || *f.namespace_id == e.namespace_id) &&
+         (!f.tenant_id || *f.tenant_id == e.tenant_id) && (!f.tier || *f.tier == e.tier);
+}
+
+std::pair<std::vector<BlockStore::BlockInfo>, uint64_t> BlockStore::ListBlocks(const BlockFilter& filter,
+                                                                               uint64_t cursor, size_t limit) const {
+  std::vector<BlockInfo> out;
+  std::lock_guard<std::mutex> lock(mu_);
+  uint64_t h = cursor;
+  for (; h < entries_.size() && out.size() < limit; ++h) {
+    if (Matches(entries_[h], filter)) out.push_back(InfoOf(entries_[h]));
+  }
+  while (h < entries_.size() && !Matches(entries_[h], filter)) ++h;
+  return {std::move(out), h < entries_.size() ? h : 0};
+}
+
+std::optional<BlockStore::BlockInfo> BlockStore::Inspect(const BlockKey& key) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = index_.find(key);
+  if (it == index_.end() || entries_[it->second].state != State::kCommitted) return std::nullopt;
+  return InfoOf(entries_[it->second]);
+}
+
+std::pair<uint64_t, uint64_t> BlockStore::Evict(const BlockFilter& filter) {
+  uint64_t evicted = 0, leased = 0;
+  std::lock_guard<std::mutex> lock(mu_);
+  for (EntryHandle h = 0; h < entries_.size(); ++h) {
+    const Entry& e = entries_[h];
+    if (!Matches(e, filter)) continue;
+    if (e.lease_count > 0) {
+      ++leased;
+      continue;
+    }
+    EraseEntryLocked(h);
+    ++evicted;
+  }
+  return {evicted, leased};
+}
+
+bool BlockStore::EvictKey(const BlockKey& key) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = index_.find(key);
+  if (it == index_.end()) return false;
+  const Entry& e = entries_[it->second];
+  if (e.state != State::kCommitted || e.lease_count > 0) return false;
+  EraseEntryLocked(it->second);
+  return true;
+}
+
+BlockStore::VerifyResult BlockStore::Verify(const std::function<void(uint64_t, uint64_t)>& progress) {
+  VerifyResult result;
+  std::vector<BlockKey> keys;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const Entry& e : entries_) {
+      if (e.state == State::kCommitted) keys.push_back(e.key);
+    }
+  }
+  std::vector<std::byte> buffer;
+  for (const BlockKey& key : keys) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = index_.find(key);
+    if (it == index_.end() || entries_[it->second].state != State::kCommitted) continue;  // gone meanwhile
+    const EntryHandle h = it->second;
+    Entry& e = entries_[h];
+    bool ok = true;
+    if (e.tier == Tier::kHost) {
+      ok = BlockChecksum(allocator_->Data(e.slot), e.size_bytes) == e.checksum;
+    } else {
+      buffer.resize(e.size_bytes);
+      const DiskBlockMeta meta{.namespace_id = e.namespace_id, .tenant_id = e.tenant_id, .size_bytes = e.size_bytes,
+                               .checksum = e.checksum, .depth = e.depth, .access_count = e.access_count};
+      ok = disk_->Get(e.key, meta, buffer).ok();
+    }
+    ++result.checked;
+    if (!ok) {
+      ++result.corrupt;
+      result.corrupt_keys.push_back(key);
+      (e.tier == Tier::kHost ? stats_.checksum_failures : stats_.disk_checksum_failures)
+          .fetch_add(1, std::memory_order_relaxed);
+      if (e.lease_count == 0) EraseEntryLocked(h);  // a leased one is already in a reader's hands; the
+                                                      // reader's own checksum check rejects it
+    }
+    if (progress && result.checked % 256 == 0) progress(result.checked, keys.size());
+  }
+  if (progress) progress(result.checked, keys.size());
+  return result;
+}
+
+void BlockStore::SetDraining(bool draining) { draining_.store(draining, std::memory_order_relaxed); }
+
 BlockAccess BlockStore::AccessOf(const Entry& e) const {
   return BlockAccess{.depth = e.depth, .namespace_id = e.namespace_id, .size_bytes = e.size_bytes,
                      .now_ns = absl::ToUnixNanos(clock_->Now())};
@@ -377,6 +477,7 @@ absl::StatusOr<BlockStore::AllocateResult> BlockStore::Allocate(const NamespaceR
   Reservation r;
   r.entries.assign(keys.size(), kNoEntry);
   r.written.assign(keys.size(), 0);
+  r.receiving.assign(keys.size(), 0);
   bool any = false;
   uint64_t rejected = 0;
   const uint64_t reservation_id = next_id_++;
@@ -387,6 +488,7 @@ absl::StatusOr<BlockStore::AllocateResult> BlockStore::Allocate(const NamespaceR
       if (e.state == State::kCommitted && e.namespace_id == ns.id && e.tenant_id == ns.tenant_id) {
         result.outcomes[i] = AllocateOutcome::kAlreadyPresent;
         ++e.access_count;
+        e.last_access_ns = absl::ToUnixNanos(now);
         PolicyOf(e).OnAccess(it->second, AccessOf(e));
         stats_.already_present.fetch_add(1, std::memory_order_relaxed);
       } else {
@@ -395,6 +497,10 @@ absl::StatusOr<BlockStore::AllocateResult> BlockStore::Allocate(const NamespaceR
         result.outcomes[i] = AllocateOutcome::kInProgress;
       }
       continue;
+    }
+    if (draining_.load(std::memory_order_relaxed)) {
+      ++rejected;
+      continue;  // kNoSpace: a draining server takes no new blocks
     }
     std::optional<SlotRef> slot = allocator_->Allocate(ns.block_bytes);
     while (!slot.has_value() && EvictOneLocked(slot_bytes)) slot = allocator_->Allocate(ns.block_bytes);
@@ -446,6 +552,9 @@ absl::Status BlockStore::Write(uint64_t reservation_id, uint32_t index, uint64_t
                                                      reservation_id));
     }
     const Entry& e = entries_[r.entries[index]];
+    if (r.receiving[index] != 0) {
+      return absl::FailedPreconditionError(absl::StrCat("block ", index, " is being received by another transfer"));
+    }
     if (offset != r.written[index]) {
       return absl::InvalidArgumentError(absl::StrCat("block ", index, ": chunk at offset ", offset,
                                                      ", expected ", r.written[index]));
@@ -524,6 +633,7 @@ absl::StatusOr<std::vector<CommitOutcome>> BlockStore::Commit(uint64_t reservati
     }
     Entry& e = entries_[h];
     e.state = State::kCommitted;
+    e.inserted_ns = e.last_access_ns = absl::ToUnixNanos(clock_->Now());
     e.checksum = actual[i];
     e.reservation_id = 0;
     e.access_count = 1;
@@ -587,6 +697,7 @@ BlockStore::ReadLease BlockStore::AcquireRead(const NamespaceRef& ns, std::span<
     Entry& e = entries_[h];
     result.blocks[i] = {.present = true, .size_bytes = e.size_bytes, .checksum = e.checksum};
     ++e.access_count;
+    e.last_access_ns = absl::ToUnixNanos(clock_->Now());
     PolicyOf(e).OnAccess(h, AccessOf(e));
     ++hits;
     bytes += e.size_bytes;
@@ -648,6 +759,78 @@ uint32_t BlockStore::Release(std::span<const uint64_t> lease_ids) {
   }
   ExpireLocked(clock_->Now());
   return released;
+}
+
+std::span<std::byte> BlockStore::HostRegion() const { return allocator_->Region(); }
+
+absl::StatusOr<BlockStore::PinnedBlock> BlockStore::PinForSend(uint64_t lease_id, uint32_t index) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ExpireLocked(clock_->Now());
+  auto it = leases_.find(lease_id);
+  if (it == leases_.end() || it->second.dead) {
+    return absl::FailedPreconditionError(absl::StrCat("lease ", lease_id, " is unknown, released or expired"));
+  }
+  Lease& lease = it->second;
+  if (index >= lease.entries.size() || lease.entries[index] == kNoEntry) {
+    return absl::InvalidArgumentError(absl::StrCat("block ", index, " is not held by lease ", lease_id));
+  }
+  const Entry& e = entries_[lease.entries[index]];
+  PinnedBlock pinned{.size_bytes = e.size_bytes};
+  if (index < lease.owned.size() && !lease.owned[index].empty()) {
+    pinned.data = lease.owned[index].data();  // read from disk for this lease, not promoted
+  } else {
+    pinned.data = allocator_->Data(e.slot);
+  }
+  ++lease.pins;
+  return pinned;
+}
+
+void BlockStore::Unpin(uint64_t lease_id, uint32_t /*index*/) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = leases_.find(lease_id);
+  if (it == leases_.end() || it->second.pins == 0) return;  // not pinned: a caller bug, ignored
+  Lease& lease = it->second;
+  if (--lease.pins == 0 && lease.dead) {
+    lease.dead = false;
+    EndLeaseLocked(lease_id, lease);
+  }
+}
+
+absl::StatusOr<BlockStore::PinnedBlock> BlockStore::PinForReceive(uint64_t reservation_id, uint32_t index) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ExpireLocked(clock_->Now());
+  auto it = reservations_.find(reservation_id);
+  if (it == reservations_.end() || it->second.dead) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("reservation ", reservation_id, " is unknown, expired or committed"));
+  }
+  Reservation& r = it->second;
+  if (index >= r.entries.size() || r.entries[index] == kNoEntry) {
+    return absl::InvalidArgumentError(absl::StrCat("block ", index, " was not allocated in reservation ",
+                                                   reservation_id));
+  }
+  if (r.receiving[index] != 0 || r.written[index] != 0) {
+    return absl::FailedPreconditionError(absl::StrCat("block ", index, " of reservation ", reservation_id,
+                                                      " is already being received or written"));
+  }
+  const Entry& e = entries_[r.entries[index]];
+  r.receiving[index] = 1;
+  ++r.pins;
+  return PinnedBlock{.data = allocator_->Data(e.slot), .size_bytes = e.size_bytes};
+}
+
+void BlockStore::FinishReceive(uint64_t reservation_id, uint32_t index, uint64_t bytes, bool ok) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = reservations_.find(reservation_id);
+  if (it == reservations_.end()) return;
+  Reservation& r = it->second;
+  if (index >= r.entries.size() || r.receiving[index] == 0 || r.pins == 0) return;  // not pinned: ignored
+  r.receiving[index] = 0;
+  if (ok && r.entries[index] != kNoEntry && bytes == entries_[r.entries[index]].size_bytes) r.written[index] = bytes;
+  if (--r.pins == 0 && r.dead) {
+    EndReservationLocked(r);
+    reservations_.erase(it);
+  }
 }
 
 std::optional<Tier> BlockStore::TierOfForTest(const BlockKey& key) const {

@@ -1,6 +1,7 @@
 #include "cache_service.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "kvtier/wire/wire.h"
@@ -12,8 +13,9 @@ struct CacheServiceImpl::Parsed {
   std::vector<BlockKey> keys;
 };
 
-CacheServiceImpl::CacheServiceImpl(const ServerOptions& options, BlockStore& store, ServerMetrics& metrics)
-    : options_(options), store_(store), metrics_(metrics) {}
+CacheServiceImpl::CacheServiceImpl(const ServerOptions& options, BlockStore& store, ServerMetrics& metrics,
+                                   NamespaceRegistry& namespaces)
+    : options_(options), store_(store), metrics_(metrics), namespaces_(namespaces) {}
 
 absl::StatusOr<CacheServiceImpl::Parsed> CacheServiceImpl::Parse(const v1::Namespace& pns,
                                                                  const v1::BlockKeys& pkeys) {
@@ -28,6 +30,7 @@ absl::StatusOr<CacheServiceImpl::Parsed> CacheServiceImpl::Parse(const v1::Names
   if (!keys.ok()) return keys.status();
   Parsed p;
   p.ns = NamespaceRef{.id = ns->Id(), .tenant_id = TenantId(ns->tenant), .block_bytes = block_bytes};
+  namespaces_.Remember(p.ns.id, ns->tenant, ns->model);
   p.keys = std::move(keys).value();
   return p;
 }
@@ -87,9 +90,13 @@ grpc::Status CacheServiceImpl::WriteBlocks(grpc::ServerContext*, grpc::ServerRea
     absl::Status s = store_.Write(chunk.reservation_id(), chunk.index(), chunk.offset(),
                                   std::span<const std::byte>(reinterpret_cast<const std::byte*>(data.data()),
                                                              data.size()));
-    if (!s.ok()) return Finish("WriteBlocks", start, wire::ToGrpc(s));
+    if (!s.ok()) {
+      metrics_.CountTransfer(ServerMetrics::Direction::kWrite, ServerMetrics::Transport::kGrpc, written);
+      return Finish("WriteBlocks", start, wire::ToGrpc(s));
+    }
     written += data.size();
   }
+  metrics_.CountTransfer(ServerMetrics::Direction::kWrite, ServerMetrics::Transport::kGrpc, written);
   resp->set_bytes_written(written);
   return Finish("WriteBlocks", start, grpc::Status::OK);
 }
@@ -131,8 +138,18 @@ grpc::Status CacheServiceImpl::Read(grpc::ServerContext* ctx, const v1::ReadRequ
     s->set_checksum(b.checksum);
   }
   grpc::Status status = grpc::Status::OK;
+  if (req->status_only()) {
+    // The bytes go over UCX; the lease stays until Release, the UCX request's release, or expiry.
+    if (!writer->Write(head) && lease.lease_id != 0) {
+      const uint64_t id = lease.lease_id;
+      store_.Release(std::span<const uint64_t>(&id, 1));
+      status = grpc::Status(grpc::StatusCode::CANCELLED, "client went away");
+    }
+    return Finish("Read", start, status);
+  }
   if (!writer->Write(head)) status = grpc::Status(grpc::StatusCode::CANCELLED, "client went away");
   v1::ReadResponse chunk;
+  uint64_t sent = 0;
   for (size_t i = 0; status.ok() && i < lease.blocks.size(); ++i) {
     const ReadBlockInfo& b = lease.blocks[i];
     if (!b.present) continue;
@@ -153,9 +170,14 @@ grpc::Status CacheServiceImpl::Read(grpc::ServerContext* ctx, const v1::ReadRequ
         status = grpc::Status(grpc::StatusCode::ABORTED, std::string(s.message()));
         break;
       }
-      if (!writer->Write(chunk)) status = grpc::Status(grpc::StatusCode::CANCELLED, "client went away");
+      if (!writer->Write(chunk)) {
+        status = grpc::Status(grpc::StatusCode::CANCELLED, "client went away");
+      } else {
+        sent += n;
+      }
     }
   }
+  metrics_.CountTransfer(ServerMetrics::Direction::kRead, ServerMetrics::Transport::kGrpc, sent);
   if (!req->hold_lease() && lease.lease_id != 0) {
     const uint64_t id = lease.lease_id;
     store_.Release(std::span<const uint64_t>(&id, 1));
@@ -171,14 +193,133 @@ grpc::Status CacheServiceImpl::Release(grpc::ServerContext*, const v1::ReleaseRe
   return Finish("Release", start, grpc::Status::OK);
 }
 
-AdminServiceImpl::AdminServiceImpl(const ServerOptions& options, const BlockStore& store,
-                                   const ServerMetrics& metrics)
-    : options_(options), store_(store), metrics_(metrics) {}
+AdminServiceImpl::AdminServiceImpl(const ServerOptions& options, BlockStore& store, const ServerMetrics& metrics,
+                                   const NamespaceRegistry& namespaces)
+    : options_(options), store_(store), metrics_(metrics), namespaces_(namespaces) {}
+
+absl::StatusOr<BlockStore::BlockFilter> AdminServiceImpl::ParseFilter(const v1::BlockFilter& f) const {
+  BlockStore::BlockFilter filter;
+  if (!f.tenant().empty()) filter.tenant_id = TenantId(f.tenant());
+  if (f.namespace_id() != 0) filter.namespace_id = f.namespace_id();
+  if (f.tier() == "host") {
+    filter.tier = Tier::kHost;
+  } else if (f.tier() == "disk") {
+    filter.tier = Tier::kDisk;
+  } else if (!f.tier().empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("filter.tier: \"", f.tier(), "\" is not host or disk"));
+  }
+  return filter;
+}
+
+void AdminServiceImpl::FillRecord(const BlockStore::BlockInfo& b, v1::BlockRecord* out) const {
+  out->set_fingerprint(std::string(reinterpret_cast<const char*>(b.key.fingerprint.bytes.data()), 32));
+  out->set_shard(b.key.shard);
+  out->set_namespace_id(b.namespace_id);
+  if (auto names = namespaces_.Find(b.namespace_id)) {
+    out->set_tenant(names->first);
+    out->set_model(names->second);
+  }
+  out->set_tier(b.tier == Tier::kHost ? "host" : "disk");
+  out->set_size_bytes(b.size_bytes);
+  out->set_checksum(b.checksum);
+  out->set_depth(b.depth);
+  out->set_access_count(b.access_count);
+  out->set_lease_count(b.lease_count);
+  const absl::Time now = absl::Now();
+  out->set_age_ms(absl::ToInt64Milliseconds(now - b.inserted));
+  out->set_idle_ms(absl::ToInt64Milliseconds(now - b.last_access));
+}
+
+grpc::Status AdminServiceImpl::ListBlocks(grpc::ServerContext*, const v1::ListBlocksRequest* req,
+                                          v1::ListBlocksResponse* resp) {
+  auto filter = ParseFilter(req->filter());
+  if (!filter.ok()) return wire::ToGrpc(filter.status());
+  const size_t limit = req->limit() == 0 ? 100 : std::min<uint32_t>(req->limit(), 10000);
+  auto [blocks, next] = store_.ListBlocks(*filter, req->cursor(), limit);
+  for (const auto& b : blocks) FillRecord(b, resp->add_blocks());
+  resp->set_next_cursor(next);
+  return grpc::Status::OK;
+}
+
+grpc::Status AdminServiceImpl::InspectBlock(grpc::ServerContext*, const v1::InspectBlockRequest* req,
+                                            v1::InspectBlockResponse* resp) {
+  if (req->fingerprint().size() != 32) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        absl::StrCat("fingerprint is ", req->fingerprint().size(), " bytes, want 32"));
+  }
+  BlockKey key;
+  std::memcpy(key.fingerprint.bytes.data(), req->fingerprint().data(), 32);
+  key.shard = req->shard();
+  if (auto info = store_.Inspect(key)) {
+    resp->set_found(true);
+    FillRecord(*info, resp->mutable_block());
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status AdminServiceImpl::Evict(grpc::ServerContext*, const v1::EvictRequest* req, v1::EvictResponse* resp) {
+  if (!req->fingerprint().empty()) {
+    if (req->fingerprint().size() != 32) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "fingerprint must be 32 bytes");
+    }
+    BlockKey key;
+    std::memcpy(key.fingerprint.bytes.data(), req->fingerprint().data(), 32);
+    key.shard = req->shard();
+    const bool dropped = store_.EvictKey(key);
+    resp->set_evicted(dropped ? 1 : 0);
+    if (!dropped && store_.Inspect(key).has_value()) resp->set_skipped_leased(1);
+    return grpc::Status::OK;
+  }
+  auto filter = ParseFilter(req->filter());
+  if (!filter.ok()) return wire::ToGrpc(filter.status());
+  if (!filter->tenant_id && !filter->namespace_id && !filter->tier && !req->all()) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        "an empty filter would evict everything: set all=true to mean it");
+  }
+  auto [evicted, leased] = store_.Evict(*filter);
+  resp->set_evicted(evicted);
+  resp->set_skipped_leased(leased);
+  return grpc::Status::OK;
+}
+
+grpc::Status AdminServiceImpl::Verify(grpc::ServerContext* ctx, const v1::VerifyRequest*,
+                                      grpc::ServerWriter<v1::VerifyProgress>* writer) {
+  auto result = store_.Verify([&](uint64_t done, uint64_t total) {
+    if (ctx->IsCancelled()) return;
+    v1::VerifyProgress p;
+    p.set_checked(done);
+    p.set_total(total);
+    writer->Write(p);
+  });
+  v1::VerifyProgress last;
+  last.set_checked(result.checked);
+  last.set_total(result.checked);
+  last.set_corrupt(result.corrupt);
+  last.set_done(true);
+  for (const BlockKey& k : result.corrupt_keys) {
+    last.add_corrupt_fingerprints(std::string(reinterpret_cast<const char*>(k.fingerprint.bytes.data()), 32));
+  }
+  writer->Write(last);
+  return grpc::Status::OK;
+}
+
+grpc::Status AdminServiceImpl::SetDraining(grpc::ServerContext*, const v1::SetDrainingRequest* req,
+                                           v1::SetDrainingResponse* resp) {
+  store_.SetDraining(req->draining());
+  resp->set_draining(store_.draining());
+  return grpc::Status::OK;
+}
 
 grpc::Status AdminServiceImpl::GetInfo(grpc::ServerContext*, const v1::GetInfoRequest*, v1::GetInfoResponse* resp) {
   resp->set_node_id(options_.node_id);
   resp->set_version(KVTIER_VERSION);
-  resp->set_transport("grpc");
+  const int ucx_port = ucx_port_.load(std::memory_order_acquire);
+  resp->set_transport(ucx_port > 0 ? "ucx+grpc" : "grpc");
+  if (ucx_port > 0) {
+    resp->set_ucx_port(static_cast<uint32_t>(ucx_port));
+    const std::string& a = options_.ucx_listen_address;
+    resp->set_ucx_address(absl::StrCat(a.substr(0, a.rfind(':')), ":", ucx_port));
+  }
   v1::TierInfo* host = resp->add_tiers();
   host->set_tier("host");
   host->set_capacity_bytes(store_.capacity_bytes());
@@ -195,6 +336,7 @@ grpc::Status AdminServiceImpl::GetInfo(grpc::ServerContext*, const v1::GetInfoRe
   resp->set_eviction_policy(store_.eviction_policy_name());
   resp->set_max_block_bytes(options_.max_block_bytes);
   resp->set_max_blocks_per_request(options_.max_blocks_per_request);
+  resp->set_draining(store_.draining());
   return grpc::Status::OK;
 }
 
@@ -233,6 +375,14 @@ grpc::Status AdminServiceImpl::GetStats(grpc::ServerContext*, const v1::GetStats
   resp->set_disk_errors(v(s.disk_errors));
   resp->set_recovered_blocks(v(s.recovered_blocks));
   resp->set_slab_moves(v(s.slab_moves));
+  using D = ServerMetrics::Direction;
+  using T = ServerMetrics::Transport;
+  resp->set_grpc_read_bytes(metrics_.transfer_bytes(D::kRead, T::kGrpc));
+  resp->set_grpc_write_bytes(metrics_.transfer_bytes(D::kWrite, T::kGrpc));
+  resp->set_ucx_read_bytes(metrics_.transfer_bytes(D::kRead, T::kUcx));
+  resp->set_ucx_write_bytes(metrics_.transfer_bytes(D::kWrite, T::kUcx));
+  resp->set_ucx_read_errors(metrics_.transfer_errors(D::kRead));
+  resp->set_ucx_write_errors(metrics_.transfer_errors(D::kWrite));
   return grpc::Status::OK;
 }
 

@@ -2,11 +2,14 @@
 #ifndef KVTIER_SERVER_SRC_CACHE_SERVICE_H_
 #define KVTIER_SERVER_SRC_CACHE_SERVICE_H_
 
+#include <atomic>
+
 #include "absl/time/time.h"
 #include "kvtier/server/block_store.h"
 #include "kvtier/server/server_options.h"
 #include "kvtier/v1/admin.grpc.pb.h"
 #include "kvtier/v1/cache.grpc.pb.h"
+#include "namespace_registry.h"
 #include "server_metrics.h"
 
 namespace kvtier::server {
@@ -15,7 +18,8 @@ namespace kvtier::server {
 // Thread-safety: gRPC calls the handlers concurrently; all state is in the thread-safe store.
 class CacheServiceImpl final : public v1::CacheService::Service {
  public:
-  CacheServiceImpl(const ServerOptions& options, BlockStore& store, ServerMetrics& metrics);
+  CacheServiceImpl(const ServerOptions& options, BlockStore& store, ServerMetrics& metrics,
+                   NamespaceRegistry& namespaces);
 
   grpc::Status Lookup(grpc::ServerContext* ctx, const v1::LookupRequest* req, v1::LookupResponse* resp) override;
   grpc::Status Allocate(grpc::ServerContext* ctx, const v1::AllocateRequest* req,
@@ -37,21 +41,40 @@ class CacheServiceImpl final : public v1::CacheService::Service {
   const ServerOptions& options_;
   BlockStore& store_;
   ServerMetrics& metrics_;
+  NamespaceRegistry& namespaces_;
 };
 
 class AdminServiceImpl final : public v1::AdminService::Service {
  public:
-  AdminServiceImpl(const ServerOptions& options, const BlockStore& store, const ServerMetrics& metrics);
+  AdminServiceImpl(const ServerOptions& options, BlockStore& store, const ServerMetrics& metrics,
+                   const NamespaceRegistry& namespaces);
 
   grpc::Status GetInfo(grpc::ServerContext* ctx, const v1::GetInfoRequest* req, v1::GetInfoResponse* resp) override;
   grpc::Status GetStats(grpc::ServerContext* ctx, const v1::GetStatsRequest* req,
                         v1::GetStatsResponse* resp) override;
 
+  // The bound UCX port that GetInfo reports (0: no UCX). Set before the gRPC server starts.
+  void set_ucx_port(int port) { ucx_port_.store(port, std::memory_order_release); }
+  grpc::Status ListBlocks(grpc::ServerContext* ctx, const v1::ListBlocksRequest* req,
+                          v1::ListBlocksResponse* resp) override;
+  grpc::Status InspectBlock(grpc::ServerContext* ctx, const v1::InspectBlockRequest* req,
+                            v1::InspectBlockResponse* resp) override;
+  grpc::Status Evict(grpc::ServerContext* ctx, const v1::EvictRequest* req, v1::EvictResponse* resp) override;
+  grpc::Status Verify(grpc::ServerContext* ctx, const v1::VerifyRequest* req,
+                      grpc::ServerWriter<v1::VerifyProgress>* writer) override;
+  grpc::Status SetDraining(grpc::ServerContext* ctx, const v1::SetDrainingRequest* req,
+                           v1::SetDrainingResponse* resp) override;
+
  private:
+  absl::StatusOr<BlockStore::BlockFilter> ParseFilter(const v1::BlockFilter& f) const;
+  void FillRecord(const BlockStore::BlockInfo& info, v1::BlockRecord* out) const;
+
   const ServerOptions& options_;
-  const BlockStore& store_;
+  BlockStore& store_;
   const ServerMetrics& metrics_;
+  const NamespaceRegistry& namespaces_;
   absl::Time start_ = absl::Now();
+  std::atomic<int> ucx_port_{0};
 };
 
 }  // namespace kvtier::server

@@ -15,6 +15,7 @@
 #include "kvtier/server/block_store.h"
 #include "kvtier/wire/wire.h"
 #include "server_metrics.h"
+#include "transport/ucx_server.h"
 
 namespace kvtier::server {
 namespace {
@@ -38,10 +39,12 @@ struct Server::Impl {
   ServerOptions options;
   std::unique_ptr<BlockStore> store;
   std::unique_ptr<ServerMetrics> metrics;
+  NamespaceRegistry namespaces;
   std::unique_ptr<CacheServiceImpl> cache_service;
   std::unique_ptr<AdminServiceImpl> admin_service;
   std::unique_ptr<grpc::Server> grpc_server;
   std::unique_ptr<prometheus::Exposer> exposer;
+  std::unique_ptr<UcxServer> ucx;  // null without ucx_listen_address; destroyed before the store
   int grpc_port = 0;
   int metrics_port = 0;
 
@@ -83,8 +86,22 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   if (!store.ok()) return store.status();
   impl->store = std::move(store).value();
   impl->metrics = std::make_unique<ServerMetrics>(*impl->store, options.node_id);
-  impl->cache_service = std::make_unique<CacheServiceImpl>(impl->options, *impl->store, *impl->metrics);
-  impl->admin_service = std::make_unique<AdminServiceImpl>(impl->options, *impl->store, *impl->metrics);
+  impl->cache_service =
+      std::make_unique<CacheServiceImpl>(impl->options, *impl->store, *impl->metrics, impl->namespaces);
+  impl->admin_service =
+      std::make_unique<AdminServiceImpl>(impl->options, *impl->store, *impl->metrics, impl->namespaces);
+
+  // The UCX listener first, so that GetInfo advertises it from the first RPC on.
+  if (!options.ucx_listen_address.empty()) {
+    auto ucx = UcxServer::Start({.listen_address = options.ucx_listen_address,
+                                 .node_id = options.node_id,
+                                 .transports = options.ucx_transports,
+                                 .transfer_timeout = options.ucx_transfer_timeout},
+                                *impl->store, *impl->metrics);
+    if (!ucx.ok()) return ucx.status();
+    impl->ucx = std::move(ucx).value();
+    impl->admin_service->set_ucx_port(impl->ucx->port());
+  }
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
@@ -113,8 +130,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   impl->expiry_thread = std::thread([p = impl.get()] { p->ExpiryLoop(); });
   auto server = std::unique_ptr<Server>(new Server(std::move(impl)));
   if (!options.port_file.empty()) {
-    absl::Status s = WriteFileAtomically(
-        options.port_file, absl::StrCat(server->grpc_port(), " ", server->metrics_port(), "\n"));
+    absl::Status s = WriteFileAtomically(options.port_file, absl::StrCat(server->grpc_port(), " ", server->metrics_port(),
+                                                                         " ", server->ucx_port(), "\n"));
     if (!s.ok()) return s;  // ~Server shuts down
   }
   return server;
@@ -133,6 +150,8 @@ void Server::Shutdown() {
   if (auto* health = impl_->grpc_server->GetHealthCheckService(); health != nullptr) health->Shutdown();
   // In-flight RPCs get a short grace period, then are cancelled.
   impl_->grpc_server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+  // Then the UCX plane: transfers in flight are cancelled (clients see misses) and their pins dropped.
+  if (impl_->ucx != nullptr) impl_->ucx->Shutdown();
   if (impl_->expiry_thread.joinable()) impl_->expiry_thread.join();
   impl_->exposer.reset();
   {
@@ -149,6 +168,7 @@ void Server::Wait() {
 
 int Server::grpc_port() const { return impl_->grpc_port; }
 int Server::metrics_port() const { return impl_->metrics_port; }
+int Server::ucx_port() const { return impl_->ucx != nullptr ? impl_->ucx->port() : 0; }
 const ServerOptions& Server::options() const { return impl_->options; }
 BlockStore& Server::store_for_test() { return *impl_->store; }
 

@@ -23,20 +23,24 @@ absl::Status FromRocks(const rocksdb::Status& s, const char* what) {
   return absl::InternalError(absl::StrCat(what, ": ", s.ToString()));
 }
 
-std::string KeyBytes(const BlockKey& k) {
+}  // namespace
+
+std::string EncodeDiskKey(const BlockKey& k) {
   std::string s(36, '\0');
   std::memcpy(s.data(), k.fingerprint.bytes.data(), 32);
   for (int i = 0; i < 4; ++i) s[32 + i] = static_cast<char>((k.shard >> (8 * i)) & 0xff);
   return s;
 }
 
-bool ParseKey(const rocksdb::Slice& s, BlockKey* k) {
+bool DecodeDiskKey(std::string_view s, BlockKey* k) {
   if (s.size() != 36) return false;
   std::memcpy(k->fingerprint.bytes.data(), s.data(), 32);
   k->shard = 0;
   for (int i = 0; i < 4; ++i) k->shard |= static_cast<uint32_t>(static_cast<uint8_t>(s[32 + i])) << (8 * i);
   return true;
 }
+
+namespace {
 
 void PutU64(std::string& s, uint64_t v) {
   for (int i = 0; i < 8; ++i) s.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
@@ -50,7 +54,9 @@ uint64_t GetU(const char* p, int n) {
   return v;
 }
 
-std::string MetaBytes(const DiskBlockMeta& m) {
+}  // namespace
+
+std::string EncodeDiskBlockMeta(const DiskBlockMeta& m) {
   std::string s;
   s.reserve(kMetaBytes);
   s.push_back(static_cast<char>(kMetaVersion));
@@ -63,7 +69,7 @@ std::string MetaBytes(const DiskBlockMeta& m) {
   return s;
 }
 
-bool ParseMeta(const rocksdb::Slice& s, DiskBlockMeta* m) {
+bool DecodeDiskBlockMeta(std::string_view s, DiskBlockMeta* m) {
   if (s.size() != kMetaBytes || static_cast<uint8_t>(s[0]) != kMetaVersion) return false;
   const char* p = s.data() + 1;
   m->namespace_id = GetU(p, 8);
@@ -75,6 +81,9 @@ bool ParseMeta(const rocksdb::Slice& s, DiskBlockMeta* m) {
   return m->size_bytes > 0;
 }
 
+namespace {
+std::string KeyBytes(const BlockKey& k) { return EncodeDiskKey(k); }
+std::string MetaBytes(const DiskBlockMeta& m) { return EncodeDiskBlockMeta(m); }
 }  // namespace
 
 struct DiskTier::Impl {
@@ -160,7 +169,7 @@ absl::Status DiskTier::ForEach(const std::function<void(const BlockKey&, const D
   for (it->SeekToFirst(); it->Valid(); it->Next()) {
     BlockKey key;
     DiskBlockMeta meta;
-    if (!ParseKey(it->key(), &key) || !ParseMeta(it->value(), &meta)) {
+    if (!DecodeDiskKey(it->key().ToStringView(), &key) || !DecodeDiskBlockMeta(it->value().ToStringView(), &meta)) {
       broken.push_back(it->key().ToString());
       continue;
     }

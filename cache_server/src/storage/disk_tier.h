@@ -7,6 +7,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -23,6 +24,14 @@ struct DiskBlockMeta {
   uint32_t depth = 0;
   uint32_t access_count = 0;
 };
+
+// The record formats, exposed for tests and fuzzing. Key: 32 fingerprint bytes, then the shard as
+// uint32 little-endian (36 bytes). Meta: version byte 1, then namespace_id, tenant_id, size_bytes,
+// checksum as uint64 LE, then depth, access_count as uint32 LE (41 bytes).
+std::string EncodeDiskKey(const BlockKey& key);
+bool DecodeDiskKey(std::string_view bytes, BlockKey* key);   // false: not a key
+std::string EncodeDiskBlockMeta(const DiskBlockMeta& meta);
+bool DecodeDiskBlockMeta(std::string_view bytes, DiskBlockMeta* meta);  // false: malformed (any input)
 
 // Two column families in one RocksDB: "default" holds a 41-byte DiskBlockMeta per key, "blocks" the
 // payloads (blob files, no compression). Both records of a block are written in one WriteBatch, so a

@@ -3,6 +3,7 @@
 #define KVTIER_SERVER_BLOCK_STORE_H_
 
 #include <atomic>
+#include <functional>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -167,8 +168,88 @@ class BlockStore {
   // Releases leases; returns how many were live.
   uint32_t Release(std::span<const uint64_t> lease_ids);
 
+  // --- Zero-copy transfers (the UCX data plane, cache_server/src/transport/) ---
+  // A transport moves a block's bytes straight between its slot and the network instead of copying them
+  // through CopyOut/Write. The pin rules are those of CopyOut and Write: a pinned lease or reservation
+  // that is released, aborted or expires is only marked dead and ends at its last unpin, so a slot is
+  // never freed or reused while a transfer may still touch it.
+
+  // The host tier's memory: one region, fixed for the store's lifetime, holding every host slot. A
+  // transport registers it once (ucp_mem_map).
+  std::span<std::byte> HostRegion() const;
+
+  // Where a pinned block's bytes are; valid until the matching unpin.
+  struct PinnedBlock {
+    std::byte* data = nullptr;
+    uint64_t size_bytes = 0;
+  };
+
+  // Pins lease `lease_id` for one send of the block at `index`: returns its host slot, or the lease's own
+  // buffer for a disk block that was not promoted. The bytes stay valid and unchanged until Unpin.
+  // Errors: FailedPrecondition (lease unknown, released or expired), InvalidArgument (index not held).
+  absl::StatusOr<PinnedBlock> PinForSend(uint64_t lease_id, uint32_t index);
+  // Ends one successful PinForSend(lease_id, index); the caller no longer touches the bytes. Ends the
+  // lease if it was released or expired meanwhile.
+  void Unpin(uint64_t lease_id, uint32_t index);
+
+  // Pins reservation `reservation_id` for one receive of the whole block at `index` straight into its
+  // reserved slot (size_bytes = the block's size). Write() to that block is refused until FinishReceive.
+  // Errors: FailedPrecondition (reservation unknown, expired or committed; the block is already being
+  // received or has bytes written), InvalidArgument (index not allocated).
+  absl::StatusOr<PinnedBlock> PinForReceive(uint64_t reservation_id, uint32_t index);
+  // Ends one successful PinForReceive. With ok and bytes == the block's size the block counts as fully
+  // written (Commit then verifies its checksum); otherwise it stays unwritten (Commit: kIncomplete).
+  // Ends the reservation if it was aborted or expired meanwhile.
+  void FinishReceive(uint64_t reservation_id, uint32_t index, uint64_t bytes, bool ok);
+
   // Expires reservations and leases past their deadline (every other call also does so lazily).
   void ExpireNow();
+
+  // ---- Administration (kvtierctl ls / inspect / evict / verify / drain) ----
+
+  // One committed block as an operator sees it.
+  struct BlockInfo {
+    BlockKey key;
+    uint64_t namespace_id = 0;
+    uint64_t tenant_id = 0;
+    Tier tier = Tier::kHost;
+    uint64_t size_bytes = 0;
+    uint64_t checksum = 0;
+    uint32_t depth = 0;         // index in its prompt's chain, as the writer reported it
+    uint32_t access_count = 0;  // the put plus every read hit and repeated put
+    uint32_t lease_count = 0;
+    absl::Time inserted;        // when it was committed (or recovered from disk)
+    absl::Time last_access;
+  };
+  // Which blocks an admin call applies to; unset fields match everything.
+  struct BlockFilter {
+    std::optional<uint64_t> namespace_id;
+    std::optional<uint64_t> tenant_id;
+    std::optional<Tier> tier;
+  };
+  // Committed blocks matching `filter`, at most `limit`, starting at `cursor` (0 for the first page).
+  // Returns the page and the cursor of the next page (0 when there is none). Pages are stable while
+  // nothing is inserted or erased; otherwise a block may show twice or not at all, never a wrong one.
+  std::pair<std::vector<BlockInfo>, uint64_t> ListBlocks(const BlockFilter& filter, uint64_t cursor, size_t limit) const;
+  // The block stored under `key` (committed), if any.
+  std::optional<BlockInfo> Inspect(const BlockKey& key) const;
+  // Drops matching unleased blocks from every tier. Returns (evicted, skipped because leased).
+  std::pair<uint64_t, uint64_t> Evict(const BlockFilter& filter);
+  // Drops one block unless leased. Returns true when it was dropped.
+  bool EvictKey(const BlockKey& key);
+  // Re-reads every committed block (host and disk) and checks its checksum; a failing block is dropped
+  // and counted. Calls `progress(done, total)` every 256 blocks. Returns (checked, corrupt) and the keys
+  // of the corrupt ones. Takes the lock per block, so serving goes on meanwhile.
+  struct VerifyResult {
+    uint64_t checked = 0;
+    uint64_t corrupt = 0;
+    std::vector<BlockKey> corrupt_keys;
+  };
+  VerifyResult Verify(const std::function<void(uint64_t, uint64_t)>& progress = nullptr);
+  // While draining, Allocate answers kNoSpace for every new key (reads go on), so that an operator can
+  // move hot blocks elsewhere before the server stops.
+  void SetDraining(bool draining);
+  bool draining() const { return draining_.load(std::memory_order_relaxed); }
 
   const BlockStoreStats& stats() const { return stats_; }
   uint64_t capacity_bytes() const;
@@ -198,6 +279,8 @@ class BlockStore {
     uint32_t depth = 0;
     State state = State::kFree;
     Tier tier = Tier::kHost;
+    int64_t inserted_ns = 0;
+    int64_t last_access_ns = 0;
   };
   struct Lease {
     std::vector<EntryHandle> entries;  // per key index; kNoEntry when absent
@@ -210,6 +293,7 @@ class BlockStore {
   struct Reservation {
     std::vector<EntryHandle> entries;  // per key index; kNoEntry when not allocated
     std::vector<uint64_t> written;     // bytes written per key
+    std::vector<uint8_t> receiving;    // per key: 1 while a PinForReceive transfer is in flight
     absl::Time expiry;
     uint32_t pins = 0;
     bool dead = false;
@@ -236,6 +320,8 @@ class BlockStore {
   // `counted`: the entries' lease counts were already raised by the caller.
   uint64_t NewLeaseLocked(std::vector<EntryHandle> entries, absl::Duration ttl, bool counted = false);
   BlockAccess AccessOf(const Entry& e) const;
+  BlockInfo InfoOf(const Entry& e) const;
+  static bool Matches(const Entry& e, const BlockFilter& f);
 
   BlockStoreOptions options_;
   Clock* clock_;
@@ -256,6 +342,7 @@ class BlockStore {
   std::priority_queue<Deadline, std::vector<Deadline>, std::greater<>> lease_deadlines_;        // mu_
   std::priority_queue<Deadline, std::vector<Deadline>, std::greater<>> reservation_deadlines_;  // mu_
   uint64_t next_id_ = 1;                                // guarded by mu_
+  std::atomic<bool> draining_{false};
 };
 
 }  // namespace kvtier::server
