@@ -177,7 +177,9 @@ absl::StatusOr<ServerOptions> ParseServerConfig(const std::string& yaml_text) {
   if (!root.IsMap()) return absl::InvalidArgumentError("config: the top level must be a mapping");
   const auto& schema = Schema();
   for (const auto& section : root) {
-    const std::string name = section.first.as<std::string>();
+    // Keys must be plain scalars: YAML allows sequences and maps as keys ("? [a]"), and as<>() throws.
+    if (!section.first.IsScalar()) return absl::InvalidArgumentError("config: a section name must be a plain string");
+    const std::string name = section.first.Scalar();
     auto sit = schema.find(name);
     if (sit == schema.end()) {
       std::vector<std::string> known;
@@ -187,7 +189,8 @@ absl::StatusOr<ServerOptions> ParseServerConfig(const std::string& yaml_text) {
     if (section.second.IsNull()) continue;
     if (!section.second.IsMap()) return Bad(name, "must be a mapping");
     for (const auto& kv : section.second) {
-      const std::string key = kv.first.as<std::string>();
+      if (!kv.first.IsScalar()) return Bad(name, "keys must be plain strings");
+      const std::string key = kv.first.Scalar();
       const std::string full = absl::StrCat(name, ".", key);
       auto kit = sit->second.find(key);
       if (kit == sit->second.end()) {

@@ -71,6 +71,13 @@ TEST(ServerConfigTest, ErrorsNameTheKey) {
   ExpectErrorNames("server: [1, 2]\n", "server");
 }
 
+TEST(ServerConfigTest, NonScalarKeysAreInvalidArgumentNotACrash) {
+  // Found by config_fuzzer: YAML allows complex keys, which yaml-cpp refuses to convert to strings.
+  EXPECT_EQ(ParseServerConfig("?\n-").status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ParseServerConfig("? [a, b]\n: 1\n").status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ParseServerConfig("server:\n  ? {x: 1}\n  : 2\n").status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST(ServerConfigTest, MalformedYamlIsInvalidArgument) {
   auto o = ParseServerConfig("server: {node_id: [unclosed\n");
   EXPECT_EQ(o.status().code(), absl::StatusCode::kInvalidArgument);
