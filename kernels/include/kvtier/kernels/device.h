@@ -3,16 +3,9 @@
 #ifndef KVTIER_KERNELS_DEVICE_H_
 #define KVTIER_KERNELS_DEVICE_H_
 
-#include <string>
+#include "kvtier/kernels/kernel_status.h"
 
 namespace kvtier::kernels {
-
-// The kernels' own small status (client_lib converts it to absl::Status). code 0 is success.
-struct KernelStatus {
-  int code = 0;          // 0: ok; otherwise the CUDA error number, or -1 when built without CUDA
-  std::string message;   // human-readable cause; empty when ok
-  bool ok() const { return code == 0; }
-};
 
 // True when this build has CUDA and at least one device is usable now (a driver is loaded and
 // cudaGetDeviceCount reports > 0). Cheap after the first call. Thread-safe.
