@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <span>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -55,6 +56,8 @@ class SlabAllocator {
   // True when freeing `slot` would return its whole slab to the free pool (it is the slab's last used slot).
   bool IsLastInSlab(SlotRef slot) const;
 
+  // The whole region (capacity_bytes() long); fixed for the allocator's lifetime.
+  std::span<std::byte> Region() const { return {base_, capacity_bytes_}; }
   uint64_t capacity_bytes() const { return capacity_bytes_; }
   uint64_t slab_bytes() const { return slab_bytes_; }
   uint64_t used_bytes() const { return used_bytes_; }   // slot bytes of allocated slots
