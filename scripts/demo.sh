@@ -10,6 +10,8 @@
 #   --block-bytes B       payload bytes per block (default 32768)
 #   --disk-blocks N       add a RocksDB disk tier of N blocks to the cluster (split evenly); host
 #                         evictions then demote to disk, and capacity for the report is host + disk
+#   --transport T         block bytes over auto (default: UCX, which the servers offer on 127.0.0.1),
+#                         ucx (UCX only) or grpc (gRPC bytes; the servers then start without UCX)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -19,6 +21,7 @@ JSON=0
 LIMIT=0
 BLOCK_BYTES=32768
 DISK_BLOCKS=0
+TRANSPORT=auto
 NODES=3
 while [[ $# -gt 0 ]]; do
   case "$1" in
@@ -28,7 +31,8 @@ while [[ $# -gt 0 ]]; do
     --limit) LIMIT=$2; shift 2 ;;
     --block-bytes) BLOCK_BYTES=$2; shift 2 ;;
     --disk-blocks) DISK_BLOCKS=$2; shift 2 ;;
-    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
+    --transport) TRANSPORT=$2; shift 2 ;;
+    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
     *) echo "demo.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -53,6 +57,13 @@ cleanup() {
 }
 trap cleanup EXIT
 
+case "$TRANSPORT" in
+  auto|ucx) UCX_ARGS=(--ucx_listen_address=127.0.0.1:0) ;;
+  grpc) UCX_ARGS=() ;;
+  *) echo "demo.sh: --transport must be auto, ucx or grpc" >&2; exit 2 ;;
+esac
+export UCX_NET_DEVICES=${UCX_NET_DEVICES:-lo}  # UCX stays on 127.0.0.1 (TOOLCHAIN.md)
+
 DISK_ARGS=()
 if (( DISK_BLOCKS > 0 )); then
   DISK_BYTES=$(( (DISK_BLOCKS + NODES - 1) / NODES * BLOCK_BYTES ))
@@ -64,19 +75,20 @@ for i in $(seq 1 "$NODES"); do
   fi
   "$BUILD/cache_server/kvtier-server" --node_id="node-$i" --listen_address=127.0.0.1:0 \
     --metrics_address=127.0.0.1:0 --port_file="$WORK/node-$i.port" \
-    --host_cache_bytes="$HOST_BYTES" "${DISK_ARGS[@]}" 2>"$WORK/node-$i.log" &
+    --host_cache_bytes="$HOST_BYTES" "${DISK_ARGS[@]}" "${UCX_ARGS[@]}" 2>"$WORK/node-$i.log" &
   PIDS+=($!)
 done
 for i in $(seq 1 "$NODES"); do
   for _ in $(seq 1 200); do [[ -s "$WORK/node-$i.port" ]] && break; sleep 0.05; done
   [[ -s "$WORK/node-$i.port" ]] || { log "node-$i did not start:"; cat "$WORK/node-$i.log" >&2; exit 1; }
-  read -r GRPC_PORT METRICS_PORT < "$WORK/node-$i.port"
+  read -r GRPC_PORT METRICS_PORT UCX_PORT < "$WORK/node-$i.port"
   MEMBERS+=("127.0.0.1:$GRPC_PORT")
-  log "node-$i: gRPC 127.0.0.1:$GRPC_PORT, /metrics 127.0.0.1:$METRICS_PORT, $PER_NODE_BLOCKS blocks ($HOST_BYTES bytes)"
+  log "node-$i: gRPC 127.0.0.1:$GRPC_PORT, /metrics 127.0.0.1:$METRICS_PORT, UCX port ${UCX_PORT:-0}, $PER_NODE_BLOCKS blocks ($HOST_BYTES bytes)"
 done
 MEMBER_LIST=$(IFS=,; echo "${MEMBERS[*]}")
 
-ARGS=(--members="$MEMBER_LIST" --capacity_blocks="$(( CAPACITY_BLOCKS + DISK_BLOCKS ))" --block_bytes="$BLOCK_BYTES" --limit="$LIMIT")
+ARGS=(--members="$MEMBER_LIST" --capacity_blocks="$(( CAPACITY_BLOCKS + DISK_BLOCKS ))" --block_bytes="$BLOCK_BYTES" --limit="$LIMIT"
+      --transport="$TRANSPORT")
 [[ -n "$TRACE" ]] && ARGS+=(--trace="$TRACE")
 [[ $JSON -eq 1 ]] && ARGS+=(--json)
 log "replaying ${TRACE:-the built-in workload} against $MEMBER_LIST"

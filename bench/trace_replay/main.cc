@@ -18,6 +18,8 @@ ABSL_FLAG(uint32_t, block_tokens, 512, "tokens per hash id");
 ABSL_FLAG(double, time_scale, 0, "0 = as fast as possible; s > 0 replays at trace time / s");
 ABSL_FLAG(int64_t, rpc_timeout_ms, 2000, "client deadline per RPC");
 ABSL_FLAG(bool, json, false, "print the report as one JSON object");
+ABSL_FLAG(std::string, transport, "auto",
+          "block bytes over: auto (UCX where a member offers it, else gRPC), grpc, or ucx (UCX only)");
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("Replays a request trace against a kvtier cluster. See bench/README.md.");
@@ -44,10 +46,15 @@ int main(int argc, char** argv) {
   kvtier::client::ClientOptions copts;
   copts.members = absl::StrSplit(members, ',', absl::SkipEmpty());
   copts.rpc_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_rpc_timeout_ms));
+  copts.transport = absl::GetFlag(FLAGS_transport);
   auto client = kvtier::client::Client::Connect(copts);
   if (!client.ok()) {
     std::fprintf(stderr, "trace_replay: %s\n", std::string(client.status().message()).c_str());
     return 1;
+  }
+  for (const auto& m : (*client)->members()) {
+    std::fprintf(stderr, "trace_replay: member %s (%s): block bytes over %s\n", m.node_id.c_str(), m.address.c_str(),
+                 m.transport.c_str());
   }
   kvtier::bench::ReplayOptions ropts;
   ropts.block_tokens = absl::GetFlag(FLAGS_block_tokens);
@@ -59,6 +66,11 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "trace_replay: %s\n", std::string(report.status().message()).c_str());
     return 2;
   }
+  const kvtier::client::ClientStats& cs = (*client)->stats();
+  std::fprintf(stderr, "trace_replay: over UCX: %llu blocks fetched, %llu stored; %llu endpoint failures\n",
+               static_cast<unsigned long long>(cs.ucx_get_blocks.load()),
+               static_cast<unsigned long long>(cs.ucx_put_blocks.load()),
+               static_cast<unsigned long long>(cs.ucx_endpoint_failures.load()));
   if (absl::GetFlag(FLAGS_json)) {
     std::printf("%s\n", report->ToJson().c_str());
   } else {

@@ -13,7 +13,11 @@ ABSL_FLAG(std::string, config, "", "YAML config file (docs/config.md); flags bel
 ABSL_FLAG(std::string, node_id, "", "stable node id, the member's ring key (server.node_id)");
 ABSL_FLAG(std::string, listen_address, "", "gRPC host:port; port 0 = any (server.listen_address)");
 ABSL_FLAG(std::string, metrics_address, "", "/metrics host:port, or \"none\" (server.metrics_address)");
-ABSL_FLAG(std::string, port_file, "", "write \"<grpc_port> <metrics_port>\" here once bound (server.port_file)");
+ABSL_FLAG(std::string, port_file, "",
+          "write \"<grpc_port> <metrics_port> <ucx_port>\" here once bound (server.port_file)");
+ABSL_FLAG(std::string, ucx_listen_address, "",
+          "UCX listener host:port, port 0 = any, \"none\" = no UCX (ucx.listen_address)");
+ABSL_FLAG(std::string, ucx_transports, "", "UCX_TLS of the server's UCX context, e.g. tcp or tcp,shm (ucx.transports)");
 ABSL_FLAG(std::string, host_cache_bytes, "", "host memory for blocks, e.g. 2GiB (host_tier.capacity_bytes)");
 ABSL_FLAG(std::string, slab_bytes, "", "slab size, e.g. 64MiB (host_tier.slab_bytes)");
 ABSL_FLAG(std::string, disk_path, "", "RocksDB directory of the disk tier (disk_tier.path)");
@@ -68,6 +72,9 @@ int main(int argc, char** argv) {
   Override(FLAGS_metrics_address, options.metrics_address);
   if (options.metrics_address == "none") options.metrics_address.clear();
   Override(FLAGS_port_file, options.port_file);
+  Override(FLAGS_ucx_listen_address, options.ucx_listen_address);
+  if (options.ucx_listen_address == "none") options.ucx_listen_address.clear();
+  Override(FLAGS_ucx_transports, options.ucx_transports);
   Override(FLAGS_disk_path, options.disk_path);
   if (!OverrideBytes(FLAGS_disk_capacity_bytes, "disk_capacity_bytes", options.disk_capacity_bytes) ||
       !OverrideBytes(FLAGS_host_cache_bytes, "host_cache_bytes", options.host_cache_bytes) ||
@@ -81,8 +88,10 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "kvtier-server: %s\n", std::string(server.status().message()).c_str());
     return server.status().code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
   }
-  std::fprintf(stderr, "kvtier-server: node %s serving gRPC on port %d, /metrics on port %d, %llu bytes of host tier\n",
-               options.node_id.c_str(), (*server)->grpc_port(), (*server)->metrics_port(),
+  std::fprintf(stderr,
+               "kvtier-server: node %s serving gRPC on port %d, /metrics on port %d, UCX on port %d, %llu bytes of "
+               "host tier\n",
+               options.node_id.c_str(), (*server)->grpc_port(), (*server)->metrics_port(), (*server)->ucx_port(),
                static_cast<unsigned long long>(options.host_cache_bytes));
 
   int sig = 0;

@@ -64,9 +64,21 @@ class StoreCollectable final : public prometheus::Collectable {
 
     auto transfer = Family("kvtier_transfer_bytes_total", "Payload bytes moved, by direction and transport.",
                            MetricType::Counter);
-    Add(transfer, v(s.read_bytes), {{"direction", "read"}, {"transport", "grpc"}});
-    Add(transfer, v(s.committed_bytes), {{"direction", "write"}, {"transport", "grpc"}});
+    using D = ServerMetrics::Direction;
+    using T = ServerMetrics::Transport;
+    auto m = [&](D d, T t) { return static_cast<double>(metrics_.transfer_bytes(d, t)); };
+    Add(transfer, m(D::kRead, T::kGrpc), {{"direction", "read"}, {"transport", "grpc"}});
+    Add(transfer, m(D::kWrite, T::kGrpc), {{"direction", "write"}, {"transport", "grpc"}});
+    Add(transfer, m(D::kRead, T::kUcx), {{"direction", "read"}, {"transport", "ucx"}});
+    Add(transfer, m(D::kWrite, T::kUcx), {{"direction", "write"}, {"transport", "ucx"}});
     out.push_back(std::move(transfer));
+
+    auto transfer_errors = Family("kvtier_transfer_errors_total",
+                                  "UCX block transfers that failed (peer gone, timed out, lease or reservation "
+                                  "expired), by direction.", MetricType::Counter);
+    Add(transfer_errors, static_cast<double>(metrics_.transfer_errors(D::kRead)), {{"direction", "read"}});
+    Add(transfer_errors, static_cast<double>(metrics_.transfer_errors(D::kWrite)), {{"direction", "write"}});
+    out.push_back(std::move(transfer_errors));
 
     auto committed = Family("kvtier_committed_blocks_total", "Blocks made visible by a verified commit.",
                             MetricType::Counter);

@@ -3,6 +3,8 @@
 #ifndef KVTIER_SERVER_SRC_SERVER_METRICS_H_
 #define KVTIER_SERVER_SRC_SERVER_METRICS_H_
 
+#include <atomic>
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -27,6 +29,21 @@ class ServerMetrics {
   void CountInvalid() { invalid_requests_.fetch_add(1, std::memory_order_relaxed); }
   uint64_t invalid_requests() const { return invalid_requests_.load(std::memory_order_relaxed); }
 
+  // Payload bytes actually moved, counted where they move (kvtier_transfer_bytes_total).
+  enum class Direction : uint8_t { kRead = 0, kWrite = 1 };      // read: server -> client
+  enum class Transport : uint8_t { kGrpc = 0, kUcx = 1 };
+  void CountTransfer(Direction d, Transport t, uint64_t bytes) {
+    transfer_bytes_[static_cast<int>(d)][static_cast<int>(t)].fetch_add(bytes, std::memory_order_relaxed);
+  }
+  uint64_t transfer_bytes(Direction d, Transport t) const {
+    return transfer_bytes_[static_cast<int>(d)][static_cast<int>(t)].load(std::memory_order_relaxed);
+  }
+  // UCX transfers that failed (peer gone, timed out, lease or reservation expired), by direction.
+  void CountTransferError(Direction d) { transfer_errors_[static_cast<int>(d)].fetch_add(1, std::memory_order_relaxed); }
+  uint64_t transfer_errors(Direction d) const {
+    return transfer_errors_[static_cast<int>(d)].load(std::memory_order_relaxed);
+  }
+
   // What the exposer serves: the registry (histograms) and the store's counters.
   std::shared_ptr<prometheus::Registry> registry() const { return registry_; }
   std::shared_ptr<prometheus::Collectable> store_collectable() const { return store_collectable_; }
@@ -36,6 +53,8 @@ class ServerMetrics {
   prometheus::Family<prometheus::Histogram>* rpc_duration_;
   std::shared_ptr<prometheus::Collectable> store_collectable_;
   std::atomic<uint64_t> invalid_requests_{0};
+  std::atomic<uint64_t> transfer_bytes_[2][2] = {};  // [direction][transport]
+  std::atomic<uint64_t> transfer_errors_[2] = {};    // [direction], UCX only
 };
 
 }  // namespace kvtier::server

@@ -119,6 +119,10 @@ const std::map<std::string, std::map<std::string, Setter>>& Schema() {
         {"max_blocks_per_request", Bytes(&ServerOptions::max_blocks_per_request)},
         {"max_message_bytes", Bytes(&ServerOptions::max_message_bytes)},
         {"stream_chunk_bytes", Bytes(&ServerOptions::stream_chunk_bytes)}}},
+      {"ucx",
+       {{"listen_address", String(&ServerOptions::ucx_listen_address)},
+        {"transports", String(&ServerOptions::ucx_transports)},
+        {"transfer_timeout", Duration(&ServerOptions::ucx_transfer_timeout)}}},
       {"eviction", {{"policy", String(&ServerOptions::eviction_policy)}}},
       {"leases",
        {{"default_ttl", Duration(&ServerOptions::default_lease_ttl)},
@@ -138,6 +142,10 @@ absl::Status ServerOptions::Validate() const {
   if (!metrics_address.empty() && !ValidHostPort(metrics_address)) {
     return Bad("server.metrics_address", "must be host:port or empty");
   }
+  if (!ucx_listen_address.empty() && !ValidHostPort(ucx_listen_address)) {
+    return Bad("ucx.listen_address", "must be host:port or empty");
+  }
+  if (ucx_transfer_timeout <= absl::ZeroDuration()) return Bad("ucx.transfer_timeout", "must be > 0");
   if (host_cache_bytes == 0) return Bad("host_tier.capacity_bytes", "must be > 0");
   if (slab_bytes == 0) return Bad("host_tier.slab_bytes", "must be > 0");
   if (!disk_path.empty() && disk_capacity_bytes == 0) {

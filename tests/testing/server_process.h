@@ -67,7 +67,10 @@ class ServerProcess {
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
     while (std::chrono::steady_clock::now() < deadline) {
       std::ifstream in(port_file);
-      if (in >> p->grpc_port_ >> p->metrics_port_) return p;
+      if (in >> p->grpc_port_ >> p->metrics_port_) {
+        if (!(in >> p->ucx_port_)) p->ucx_port_ = 0;  // third number: the UCX port, 0 without UCX
+        return p;
+      }
       int status = 0;
       if (waitpid(p->pid_, &status, WNOHANG) == p->pid_) {
         p->pid_ = -1;
@@ -102,6 +105,7 @@ class ServerProcess {
   std::string address() const { return absl::StrCat("127.0.0.1:", grpc_port_); }
   int grpc_port() const { return grpc_port_; }
   int metrics_port() const { return metrics_port_; }
+  int ucx_port() const { return ucx_port_; }
   const std::string& node_id() const { return node_id_; }
   pid_t pid() const { return pid_; }
 
@@ -112,6 +116,7 @@ class ServerProcess {
   pid_t pid_ = -1;
   int grpc_port_ = 0;
   int metrics_port_ = 0;
+  int ucx_port_ = 0;
 };
 
 }  // namespace kvtier::testing

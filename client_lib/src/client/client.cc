@@ -5,12 +5,14 @@
 #include <future>
 #include <latch>
 #include <mutex>
+#include <optional>
 
 #include <grpcpp/grpcpp.h>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
+#include "client/ucx_client.h"
 #include "kvtier/common/block_key.h"
 #include "kvtier/common/checksum.h"
 #include "kvtier/v1/admin.grpc.pb.h"
@@ -36,6 +38,13 @@ absl::Status ClientOptions::Validate() const {
   }
   if (max_blocks_per_request == 0) return absl::InvalidArgumentError("max_blocks_per_request: must be > 0");
   if (put_batch_blocks == 0) return absl::InvalidArgumentError("put_batch_blocks: must be > 0");
+  if (max_block_bytes == 0) return absl::InvalidArgumentError("max_block_bytes: must be > 0");
+  if (transport != "auto" && transport != "grpc" && transport != "ucx") {
+    return absl::InvalidArgumentError(absl::StrCat("transport: \"", transport, "\" is not auto, grpc or ucx"));
+  }
+  if (ucx_reconnect_backoff < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("ucx_reconnect_backoff: must be >= 0");
+  }
   return absl::OkStatus();
 }
 
@@ -62,11 +71,24 @@ const char* PutResultName(PutResult r) {
 
 namespace {
 
+// The UCX endpoint of one member, as far as this client knows.
+struct UcxPeer {
+  enum class State : uint8_t { kUnknown, kReady, kDown, kUnsupported };
+  std::mutex mu;
+  State state = State::kUnknown;                  // guarded by mu
+  UcxClient::EndpointId endpoint = 0;             // guarded by mu; valid while kReady
+  absl::Time retry_after = absl::InfinitePast();  // guarded by mu; no (re)connect before it
+};
+
+// A member without UCX is asked again this often (it may restart with UCX).
+constexpr absl::Duration kUcxUnsupportedRecheck = absl::Seconds(10);
+
 struct Member {
   MemberInfo info;
   std::shared_ptr<grpc::Channel> channel;
   std::unique_ptr<v1::CacheService::Stub> cache;
   std::unique_ptr<v1::AdminService::Stub> admin;
+  std::unique_ptr<UcxPeer> ucx = std::make_unique<UcxPeer>();
 };
 
 // Indices of `n` blocks grouped by the owner of each, in block order within a group.
@@ -81,6 +103,156 @@ class Client::Impl {
   std::vector<uint32_t> ring_to_member;    // ring index -> members index
   std::unique_ptr<HashRing> ring;
   ClientStats stats;
+  std::mutex ucx_mu;
+  std::unique_ptr<UcxClient> ucx;  // guarded by ucx_mu until created; created once, on first need
+  bool ucx_failed = false;         // guarded by ucx_mu: UCX could not start here
+
+  UcxClient* Ucx() {
+    std::lock_guard<std::mutex> lock(ucx_mu);
+    if (ucx == nullptr && !ucx_failed) {
+      auto created = UcxClient::Create(options.ucx_transports);
+      if (created.ok()) {
+        ucx = std::move(created).value();
+      } else {
+        ucx_failed = true;
+      }
+    }
+    return ucx.get();
+  }
+
+  // The UCX endpoint to move member m's bytes over, connecting (GetInfo, then a UCX hello) when there
+  // is none and the backoff has passed; nullopt: use gRPC bytes (or fail, with transport "ucx").
+  std::optional<UcxClient::EndpointId> UcxEndpoint(uint32_t m) {
+    if (options.transport == "grpc") return std::nullopt;
+    Member& member = members[m];
+    UcxPeer& peer = *member.ucx;
+    std::lock_guard<std::mutex> lock(peer.mu);
+    if (peer.state == UcxPeer::State::kReady) return peer.endpoint;
+    const absl::Time now = absl::Now();
+    if (now < peer.retry_after) return std::nullopt;
+    v1::GetInfoResponse info;
+    {
+      grpc::ClientContext ctx;
+      SetDeadline(ctx);
+      v1::GetInfoRequest req;
+      if (!member.admin->GetInfo(&ctx, req, &info).ok()) {
+        peer.state = UcxPeer::State::kDown;
+        peer.retry_after = now + options.ucx_reconnect_backoff;
+        return std::nullopt;
+      }
+    }
+    UcxClient* ucx_client = info.ucx_port() != 0 ? Ucx() : nullptr;
+    if (ucx_client == nullptr) {
+      peer.state = UcxPeer::State::kUnsupported;
+      peer.retry_after = now + kUcxUnsupportedRecheck;
+      return std::nullopt;
+    }
+    // The member's UCX listener, on the host we reach its gRPC at.
+    const std::string& a = member.info.address;
+    const std::string target = absl::StrCat(a.substr(0, a.rfind(':')), ":", info.ucx_port());
+    auto conn = ucx_client->Connect(target, absl::Now() + options.rpc_timeout);
+    if (!conn.ok() || (!member.info.node_id.empty() && conn->node_id != member.info.node_id)) {
+      if (conn.ok()) ucx_client->Close(conn->endpoint);  // another server answers at that port
+      peer.state = UcxPeer::State::kDown;
+      peer.retry_after = now + options.ucx_reconnect_backoff;
+      return std::nullopt;
+    }
+    peer.state = UcxPeer::State::kReady;
+    peer.endpoint = conn->endpoint;
+    stats.ucx_connects.fetch_add(1, std::memory_order_relaxed);
+    return peer.endpoint;
+  }
+
+  // Drops member m's endpoint after an error or a missed deadline; the next call after the backoff
+  // reconnects.
+  void UcxEndpointFailed(uint32_t m, UcxClient::EndpointId endpoint) {
+    UcxPeer& peer = *members[m].ucx;
+    std::lock_guard<std::mutex> lock(peer.mu);
+    if (peer.state != UcxPeer::State::kReady || peer.endpoint != endpoint) return;
+    peer.state = UcxPeer::State::kDown;
+    peer.retry_after = absl::Now() + options.ucx_reconnect_backoff;
+    ucx->Close(endpoint);
+    stats.ucx_endpoint_failures.fetch_add(1, std::memory_order_relaxed);
+  }
+
+  // Best effort: returns a lease now rather than at its expiry.
+  void ReleaseLease(uint32_t m, uint64_t lease_id) {
+    if (lease_id == 0) return;
+    grpc::ClientContext ctx;
+    SetDeadline(ctx);
+    v1::ReleaseRequest req;
+    req.add_lease_ids(lease_id);
+    v1::ReleaseResponse resp;
+    (void)members[m].cache->Release(&ctx, req, &resp);
+  }
+
+  // Get of one owner's batch over UCX: a status-only Read takes the lease over gRPC, then the server
+  // sends the present blocks straight into `buffers` and releases the lease.
+  void GetOverUcx(uint32_t m, UcxClient::EndpointId endpoint, const v1::Namespace& pns,
+                  std::span<const BlockKey> keys, std::span<const uint32_t> idx, uint64_t block_bytes,
+                  std::span<const std::span<std::byte>> buffers, std::span<GetResult> results) {
+    const absl::Time deadline = absl::Now() + options.rpc_timeout;
+    v1::ReadRequest req;
+    *req.mutable_namespace_() = pns;
+    wire::EncodeKeys(keys, req.mutable_keys());
+    req.set_status_only(true);
+    v1::ReadResponse head;
+    bool got = false;
+    {
+      grpc::ClientContext ctx;
+      ctx.set_deadline(absl::ToChronoTime(deadline));
+      auto reader = members[m].cache->Read(&ctx, req);
+      got = reader->Read(&head) && static_cast<size_t>(head.blocks_size()) == idx.size();
+      if (!got) ctx.TryCancel();
+      got = reader->Finish().ok() && got;
+    }
+    if (!got) {
+      stats.rpc_errors.fetch_add(1, std::memory_order_relaxed);
+      ReleaseLease(m, head.lease_id());
+      // The control plane is how a dead server shows (UCX endpoints run without peer failure handling):
+      // reconnect after the backoff, so that a restarted server gets a fresh endpoint.
+      UcxEndpointFailed(m, endpoint);
+      return;  // all kMissFromError
+    }
+    std::vector<uint32_t> indices;  // lease indices to fetch
+    std::vector<std::span<std::byte>> bufs;
+    std::vector<size_t> positions;  // k of each fetched block
+    bool protocol_ok = true;
+    for (size_t k = 0; k < idx.size(); ++k) {
+      const v1::BlockStatus& st = head.blocks(static_cast<int>(k));
+      if (!st.present()) {
+        results[idx[k]] = GetResult::kMiss;
+      } else if (st.size_bytes() != block_bytes) {
+        protocol_ok = false;  // stays kMissFromError
+      } else {
+        indices.push_back(static_cast<uint32_t>(k));
+        bufs.push_back(buffers[idx[k]]);
+        positions.push_back(k);
+      }
+    }
+    if (!protocol_ok) stats.rpc_errors.fetch_add(1, std::memory_order_relaxed);
+    if (indices.empty()) {
+      ReleaseLease(m, head.lease_id());
+      return;
+    }
+    const UcxClient::TransferResult r = ucx->Get(endpoint, head.lease_id(), /*release=*/true, indices, bufs, deadline);
+    uint64_t arrived = 0;
+    for (size_t j = 0; j < indices.size(); ++j) {
+      const size_t k = positions[j];
+      const uint32_t i = idx[k];
+      if (r.items[j] != UcxClient::ItemStatus::kOk) continue;  // kMissFromError
+      ++arrived;
+      results[i] = BlockChecksum(buffers[i].data(), block_bytes) == head.blocks(static_cast<int>(k)).checksum()
+                       ? GetResult::kHit
+                       : GetResult::kChecksumMismatch;
+    }
+    stats.ucx_get_blocks.fetch_add(arrived, std::memory_order_relaxed);
+    if (r.endpoint_failed) {
+      stats.rpc_errors.fetch_add(1, std::memory_order_relaxed);
+      UcxEndpointFailed(m, endpoint);
+      ReleaseLease(m, head.lease_id());  // the server may never have seen the request
+    }
+  }
 
   void SetDeadline(grpc::ClientContext& ctx) const {
     ctx.set_deadline(absl::ToChronoTime(absl::Now() + options.rpc_timeout));
@@ -185,6 +357,12 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   auto ring = HashRing::Create(ids, options.virtual_nodes);
   if (!ring.ok()) return ring.status();
   impl->ring = std::make_unique<HashRing>(std::move(ring).value());
+  // Set up UCX endpoints now, in parallel, so that the first transfers need not; a member that fails
+  // here is retried by the first call that needs it.
+  if (impl->options.transport != "grpc") {
+    Impl& im = *impl;
+    Impl::ForEachParallel(im.ring_to_member.size(), [&im](size_t r) { (void)im.UcxEndpoint(im.ring_to_member[r]); });
+  }
   return std::unique_ptr<Client>(new Client(std::move(impl)));
 }
 
@@ -193,7 +371,15 @@ const HashRing& Client::ring() const { return *impl_->ring; }
 
 std::vector<MemberInfo> Client::members() const {
   std::vector<MemberInfo> out;
-  for (const Member& m : impl_->members) out.push_back(m.info);
+  for (const Member& m : impl_->members) {
+    out.push_back(m.info);
+    std::lock_guard<std::mutex> lock(m.ucx->mu);
+    if (m.ucx->state == UcxPeer::State::kReady) {
+      out.back().transport = "ucx";
+    } else {
+      out.back().transport = impl_->options.transport == "ucx" ? "none" : "grpc";
+    }
+  }
   return out;
 }
 
@@ -276,6 +462,10 @@ absl::StatusOr<std::vector<GetResult>> Client::Get(const Namespace& ns, std::spa
     return absl::InvalidArgumentError(absl::StrCat(buffers.size(), " buffers for ", fps.size(), " blocks"));
   }
   const uint64_t block_bytes = ns.layout.ShardBytes();
+  if (block_bytes > impl_->options.max_block_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("a block of this layout is ", block_bytes,
+                                                   " bytes, above max_block_bytes ", impl_->options.max_block_bytes));
+  }
   for (size_t i = 0; i < buffers.size(); ++i) {
     if (buffers[i].size() != block_bytes) {
       return absl::InvalidArgumentError(absl::StrCat("buffers[", i, "] is ", buffers[i].size(),
@@ -299,6 +489,16 @@ absl::StatusOr<std::vector<GetResult>> Client::Get(const Namespace& ns, std::spa
     std::vector<BlockKey> keys;
     keys.reserve(idx.size());
     for (uint32_t i : idx) keys.push_back({fps[i], shard});
+    if (im.options.transport != "grpc") {
+      if (auto endpoint = im.UcxEndpoint(member); endpoint.has_value()) {
+        im.GetOverUcx(member, *endpoint, pns, keys, idx, block_bytes, buffers, results);
+        return;
+      }
+      if (im.options.transport == "ucx") {  // no fallback: these blocks are misses from error
+        im.stats.rpc_errors.fetch_add(1, std::memory_order_relaxed);
+        return;
+      }
+    }
     wire::EncodeKeys(keys, req.mutable_keys());
     grpc::ClientContext ctx;
     im.SetDeadline(ctx);
@@ -366,6 +566,10 @@ absl::StatusOr<std::vector<PutResult>> Client::Put(const Namespace& ns, std::spa
     return absl::InvalidArgumentError(absl::StrCat(blocks.size(), " blocks of bytes for ", fps.size(), " fingerprints"));
   }
   const uint64_t block_bytes = ns.layout.ShardBytes();
+  if (block_bytes > impl_->options.max_block_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("a block of this layout is ", block_bytes,
+                                                   " bytes, above max_block_bytes ", impl_->options.max_block_bytes));
+  }
   for (size_t i = 0; i < blocks.size(); ++i) {
     if (blocks[i].size() != block_bytes) {
       return absl::InvalidArgumentError(absl::StrCat("blocks[", i, "] is ", blocks[i].size(),
@@ -393,6 +597,14 @@ absl::StatusOr<std::vector<PutResult>> Client::Put(const Namespace& ns, std::spa
   auto put_batch = [&](size_t g) {
     const auto& [member, idx] = groups[g];
     v1::CacheService::Stub& stub = *im.members[member].cache;
+    std::optional<UcxClient::EndpointId> ucx_endpoint;
+    if (im.options.transport != "grpc") {
+      ucx_endpoint = im.UcxEndpoint(member);
+      if (!ucx_endpoint.has_value() && im.options.transport == "ucx") {
+        im.stats.rpc_errors.fetch_add(1, std::memory_order_relaxed);
+        return;  // no fallback: all kError
+      }
+    }
     // Phase 1: reserve.
     v1::AllocateRequest areq;
     *areq.mutable_namespace_() = pns;
@@ -408,6 +620,7 @@ absl::StatusOr<std::vector<PutResult>> Client::Put(const Namespace& ns, std::spa
       im.SetDeadline(ctx);
       if (!stub.Allocate(&ctx, areq, &aresp).ok() || static_cast<size_t>(aresp.results_size()) != idx.size()) {
         im.stats.rpc_errors.fetch_add(1, std::memory_order_relaxed);
+        if (ucx_endpoint.has_value()) im.UcxEndpointFailed(member, *ucx_endpoint);  // see GetOverUcx
         return;  // all kError
       }
     }
@@ -422,9 +635,22 @@ absl::StatusOr<std::vector<PutResult>> Client::Put(const Namespace& ns, std::spa
       }
     }
     if (allocated.empty()) return;
-    // Phase 1b: stream the bytes into the reserved slots.
+    // Phase 1b: the bytes into the reserved slots: over UCX straight into them, or streamed over gRPC.
     bool ok = true;
-    {
+    if (ucx_endpoint.has_value()) {
+      std::vector<uint32_t> indices(allocated.begin(), allocated.end());
+      std::vector<std::span<const std::byte>> data;
+      for (uint32_t k : allocated) data.push_back(blocks[idx[k]]);
+      const UcxClient::TransferResult r = im.ucx->Put(*ucx_endpoint, aresp.reservation_id(), indices, data,
+                                                      absl::Now() + im.options.rpc_timeout);
+      uint64_t taken = 0;
+      for (auto item : r.items) taken += item == UcxClient::ItemStatus::kOk;
+      im.stats.ucx_put_blocks.fetch_add(taken, std::memory_order_relaxed);
+      if (r.endpoint_failed) {
+        im.UcxEndpointFailed(member, *ucx_endpoint);
+        ok = false;  // abort below; blocks the server did not take come back INCOMPLETE otherwise
+      }
+    } else {
       grpc::ClientContext ctx;
       im.SetDeadline(ctx);
       v1::WriteBlocksResponse wresp;

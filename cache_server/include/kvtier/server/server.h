@@ -29,6 +29,7 @@ class Server {
 
   int grpc_port() const;     // the bound gRPC port
   int metrics_port() const;  // the bound /metrics port, 0 when disabled
+  int ucx_port() const;      // the bound UCX listener port, 0 without ucx_listen_address
   const ServerOptions& options() const;
   // The store, for tests and in-process tools. Owned by the server.
   BlockStore& store_for_test();

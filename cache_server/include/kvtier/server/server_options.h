@@ -30,7 +30,13 @@ struct ServerOptions {
   absl::Duration max_lease_ttl = absl::Seconds(60);
   absl::Duration reservation_ttl = absl::Seconds(30);
   absl::Duration expiry_interval = absl::Milliseconds(200);  // how often leases and reservations expire
-  std::string port_file;                            // if set: "<grpc_port> <metrics_port>\n" once bound
+  std::string port_file;                            // if set: "<grpc_port> <metrics_port> <ucx_port>\n" once bound
+  // UCX bulk data plane (docs/architecture.md). Empty: no UCX listener; clients then move bytes over gRPC.
+  std::string ucx_listen_address;                   // host:port of the UCX listener; port 0 = the kernel picks
+  std::string ucx_transports;                       // UCX_TLS of the server's UCX context ("" = UCX's own
+                                                    // default); must include tcp (the listener needs it)
+  absl::Duration ucx_transfer_timeout = absl::Seconds(10);  // a UCX send or receive still unfinished after
+                                                    // this is cancelled (its endpoint closed) and its pin dropped
 
   // Errors: InvalidArgument naming the key, e.g. "server.max_block_bytes: must be <= slab_bytes".
   absl::Status Validate() const;

@@ -33,6 +33,17 @@ struct ClientOptions {
   // order, each committed before the next is reserved, so a put larger than an owner's free memory
   // streams through it. Default 64.
   uint32_t put_batch_blocks = 64;
+  // Blocks of a namespace whose shard is larger are refused up front (InvalidArgument), before any RPC.
+  // Default 64 MiB, the servers' default limits.max_block_bytes.
+  uint64_t max_block_bytes = 64ULL << 20;
+  // Data path of block bytes (docs/architecture.md "UCX data plane"): "auto" (UCX when the member
+  // advertises it and this client can connect, else gRPC bytes), "grpc", or "ucx" (UCX only: blocks of
+  // a member without a working UCX endpoint are misses from error / kError). Control stays on gRPC.
+  std::string transport = "auto";
+  std::string ucx_transports;  // UCX_TLS of this client's UCX context; "" = UCX's default (the environment)
+  // After a UCX endpoint failed (error or missed deadline), the next call at least this much later
+  // reconnects; calls meanwhile use gRPC bytes ("auto") or fail ("ucx"). Default 1 s.
+  absl::Duration ucx_reconnect_backoff = absl::Seconds(1);
 
   // Errors: InvalidArgument naming the field.
   absl::Status Validate() const;
@@ -43,6 +54,9 @@ struct MemberInfo {
   std::string node_id;   // ring key; empty when the member never answered
   std::string address;   // host:port
   bool in_ring = false;  // false: the id is unknown, so no block maps to it
+  // Data path of this member's block bytes now: "ucx" (endpoint up), "grpc", or "none" (transport
+  // "ucx" and no working endpoint).
+  std::string transport = "grpc";
 };
 
 // Outcome of one block of a Get.
@@ -87,10 +101,16 @@ struct ClientStats {
   std::atomic<uint64_t> misses_from_errors{0};    // blocks turned into misses because an owner failed
   std::atomic<uint64_t> rpc_errors{0};            // RPCs that failed (each may cover many blocks)
   std::atomic<uint64_t> checksum_failures{0};     // blocks whose bytes failed verification
+  std::atomic<uint64_t> ucx_get_blocks{0};        // blocks that arrived intact over UCX
+  std::atomic<uint64_t> ucx_put_blocks{0};        // blocks whose bytes the server took over UCX
+  std::atomic<uint64_t> ucx_endpoint_failures{0}; // UCX endpoints dropped after an error or a missed deadline
+  std::atomic<uint64_t> ucx_connects{0};          // UCX endpoints established (the first and reconnects)
 };
 
 // Talks to every member over gRPC (one channel each, reused), places blocks with a HashRing of the
-// members' node ids, and sends one batched RPC per owner in parallel. A dead or slow owner becomes misses
+// members' node ids, and sends one batched RPC per owner in parallel. Block bytes go over UCX where
+// options.transport allows (one endpoint per member, created once and reused; one UCX worker with its
+// own progress thread per client), else over gRPC streams. A dead or slow owner becomes misses
 // within rpc_timeout, never a hang or an error of the call; each such block is counted in
 // misses_from_errors and reported per block.
 // Thread-safety: all methods may be called concurrently from many threads.

@@ -1,0 +1,442 @@
+// transfer_bench: batched get/put throughput of kvtier over UCX and over gRPC bytes, side by side in one
+// run with the limits measured the same way (memcpy, ucx_perftest tag_bw), for the two paths of
+// DESIGN.md §4: same node (UCX shared memory + cma) and another node (UCX tcp; loopback here).
+// It starts and stops its own kvtier-server processes. See bench/README.md.
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "kvtier/client/client.h"
+#include "kvtier/common/fingerprint.h"
+
+ABSL_FLAG(std::string, server, "", "kvtier-server binary (default: next to this build's bench/)");
+ABSL_FLAG(std::string, paths, "shm,tcp", "paths to measure: shm (UCX_TLS=tcp,shm: cma single-copy), tcp");
+ABSL_FLAG(std::string, block_bytes, "262144,2097152", "block sizes, bytes");
+ABSL_FLAG(std::string, batches, "1,8,64", "blocks per call");
+ABSL_FLAG(uint64_t, bytes_per_row, 512ULL << 20, "payload bytes each timed row moves at least");
+ABSL_FLAG(int, min_iters, 5, "calls per row at least");
+ABSL_FLAG(int, max_iters, 2000, "calls per row at most");
+ABSL_FLAG(bool, grpc, true, "also measure kvtier over gRPC bytes");
+ABSL_FLAG(bool, memcpy, true, "also measure memcpy of the same blocks (the memory limit)");
+ABSL_FLAG(std::string, perftest, "ucx_perftest", "ucx_perftest binary; empty = skip the UCX limit");
+ABSL_FLAG(bool, json, false, "print the rows as one JSON object");
+ABSL_FLAG(bool, smoke, false, "a tiny run for ctest: tcp only, 64 KiB blocks, batch 2, 3 calls, no perftest");
+
+namespace {
+
+using kvtier::Fingerprint;
+using kvtier::Namespace;
+using kvtier::client::Client;
+using kvtier::client::GetResult;
+using kvtier::client::PutResult;
+
+struct Row {
+  std::string path;       // shm | tcp | local
+  std::string transport;  // ucx | grpc | memcpy | ucx_perftest
+  std::string operation;  // get | put | copy | tag_bw
+  uint64_t block_bytes = 0;
+  uint32_t batch = 0;
+  double gbps = 0;        // 10^9 bytes/s, total bytes / total time
+  double p50_us = 0;      // per call
+  double p99_us = 0;
+  int calls = 0;
+  std::string note;
+};
+
+std::string UcxTls(const std::string& path) { return path == "shm" ? "tcp,shm" : "tcp"; }
+
+double Percentile(std::vector<double> v, double p) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t i = std::min(v.size() - 1, static_cast<size_t>(p * static_cast<double>(v.size() - 1) + 0.5));
+  return v[i];
+}
+
+Row Summarize(Row row, const std::vector<double>& call_us, uint64_t bytes_per_call) {
+  double total_us = 0;
+  for (double u : call_us) total_us += u;
+  row.calls = static_cast<int>(call_us.size());
+  row.gbps = total_us > 0 ? static_cast<double>(bytes_per_call) * row.calls / (total_us * 1e3) : 0;
+  row.p50_us = Percentile(call_us, 0.5);
+  row.p99_us = Percentile(call_us, 0.99);
+  return row;
+}
+
+int Iterations(uint64_t bytes_per_call) {
+  const uint64_t want = absl::GetFlag(FLAGS_bytes_per_row) / std::max<uint64_t>(1, bytes_per_call);
+  return static_cast<int>(std::clamp<uint64_t>(want, absl::GetFlag(FLAGS_min_iters), absl::GetFlag(FLAGS_max_iters)));
+}
+
+// A child process: argv[0] with `args`, extra environment `env` ("K=V"), stderr to `log`.
+pid_t Spawn(const std::vector<std::string>& argv_in, const std::vector<std::string>& env_extra, const std::string& log) {
+  std::vector<std::string> args = argv_in;
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  std::vector<std::string> env;
+  for (char** e = environ; *e != nullptr; ++e) env.emplace_back(*e);
+  for (const auto& e : env_extra) env.push_back(e);
+  std::vector<char*> envp;
+  for (auto& e : env) envp.push_back(e.data());
+  envp.push_back(nullptr);
+  const int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  const pid_t pid = fork();  // everything the child needs is built above (async-signal-safety)
+  if (pid == 0) {
+    if (fd >= 0) {
+      dup2(fd, STDOUT_FILENO);
+      dup2(fd, STDERR_FILENO);
+    }
+    execve(argv[0], argv.data(), envp.data());
+    _exit(127);
+  }
+  if (fd >= 0) close(fd);
+  return pid;
+}
+
+void Stop(pid_t pid) {
+  if (pid <= 0) return;
+  kill(pid, SIGTERM);
+  int status = 0;
+  for (int i = 0; i < 200; ++i) {
+    if (waitpid(pid, &status, WNOHANG) == pid) return;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  kill(pid, SIGKILL);
+  waitpid(pid, &status, 0);
+}
+
+// One kvtier-server with UCX on 127.0.0.1:0.
+struct ServerChild {
+  pid_t pid = -1;
+  int grpc_port = 0;
+  int ucx_port = 0;
+  std::string dir;
+  ~ServerChild() {
+    Stop(pid);
+    if (!dir.empty()) std::filesystem::remove_all(dir);
+  }
+};
+
+std::unique_ptr<ServerChild> StartServer(const std::string& binary, const std::string& tls, uint64_t host_bytes) {
+  auto s = std::make_unique<ServerChild>();
+  char tmpl[] = "/tmp/kvtier-transfer-bench-XXXXXX";
+  if (mkdtemp(tmpl) == nullptr) return nullptr;
+  s->dir = tmpl;
+  const std::string port_file = s->dir + "/port";
+  s->pid = Spawn({binary, "--node_id=bench", "--listen_address=127.0.0.1:0", "--metrics_address=none",
+                  "--ucx_listen_address=127.0.0.1:0", "--ucx_transports=" + tls,
+                  absl::StrCat("--host_cache_bytes=", host_bytes), "--port_file=" + port_file},
+                 {}, s->dir + "/server.log");
+  for (int i = 0; i < 1000; ++i) {
+    std::ifstream in(port_file);
+    int metrics = 0;
+    if (in >> s->grpc_port >> metrics >> s->ucx_port) return s;
+    int status = 0;
+    if (waitpid(s->pid, &status, WNOHANG) == s->pid) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  std::fprintf(stderr, "transfer_bench: kvtier-server did not start; see %s/server.log\n", s->dir.c_str());
+  s->dir.clear();
+  return nullptr;
+}
+
+// A layout whose shard is exactly `bytes`: MLA, fp8, one layer, one token per block.
+Namespace BenchNamespace(uint64_t bytes) {
+  Namespace ns;
+  ns.tenant = "bench";
+  ns.model = absl::StrCat("transfer-", bytes);
+  ns.layout = {.kind = kvtier::LayoutKind::kMla, .dtype = kvtier::DType::kFp8E4m3, .num_layers = 1,
+               .latent_dim = static_cast<uint32_t>(bytes), .block_tokens = 1, .tp_size = 1};
+  return ns;
+}
+
+std::vector<Fingerprint> Keys(const Namespace& ns, uint32_t n, uint64_t seed) {
+  std::vector<uint32_t> tokens(n);
+  for (uint32_t i = 0; i < n; ++i) tokens[i] = static_cast<uint32_t>((seed * 1000003 + i) % 4000000000u);
+  auto fps = kvtier::ChainFingerprints(ns, tokens);
+  return fps.ok() ? *fps : std::vector<Fingerprint>{};
+}
+
+// Get and put rows of one client against one server.
+void MeasureClient(Client& client, const std::string& path, const std::string& transport, uint64_t block,
+                   uint32_t batch, std::vector<Row>& rows, uint64_t& seed) {
+  const Namespace ns = BenchNamespace(block);
+  std::vector<std::vector<std::byte>> data(batch, std::vector<std::byte>(block));
+  for (uint32_t b = 0; b < batch; ++b) {
+    for (uint64_t i = 0; i < block; i += 4096) data[b][i] = static_cast<std::byte>(b + i / 4096);
+  }
+  std::vector<std::span<const std::byte>> in(data.begin(), data.end());
+  std::vector<std::vector<std::byte>> out(batch, std::vector<std::byte>(block));
+  std::vector<std::span<std::byte>> views(out.begin(), out.end());
+  const int iters = Iterations(block * batch);
+  const int warmup = std::min(3, iters);
+
+  // Put: fresh keys every call (a put of a present block moves nothing).
+  std::vector<std::vector<Fingerprint>> put_keys;
+  for (int i = 0; i < iters + warmup; ++i) put_keys.push_back(Keys(ns, batch, ++seed));
+  std::vector<double> us;
+  int failed = 0;
+  for (int i = 0; i < iters + warmup; ++i) {
+    const absl::Time t0 = absl::Now();
+    auto r = client.Put(ns, put_keys[i], 0, in);
+    const double elapsed = absl::ToDoubleMicroseconds(absl::Now() - t0);
+    if (!r.ok() || std::any_of(r->begin(), r->end(), [](PutResult p) { return p != PutResult::kStored; })) ++failed;
+    if (i >= warmup) us.push_back(elapsed);
+  }
+  Row put = Summarize({.path = path, .transport = transport, .operation = "put", .block_bytes = block, .batch = batch},
+                      us, block * batch);
+  if (failed > 0) put.note = absl::StrCat(failed, " calls not fully stored");
+  rows.push_back(put);
+
+  // Get: the blocks of the last put, again and again (includes the lease RPC and the checksum check).
+  const std::vector<Fingerprint>& keys = put_keys.back();
+  us.clear();
+  failed = 0;
+  for (int i = 0; i < iters + warmup; ++i) {
+    const absl::Time t0 = absl::Now();
+    auto r = client.Get(ns, keys, 0, views);
+    const double elapsed = absl::ToDoubleMicroseconds(absl::Now() - t0);
+    if (!r.ok() || std::any_of(r->begin(), r->end(), [](GetResult g) { return g != GetResult::kHit; })) ++failed;
+    if (i >= warmup) us.push_back(elapsed);
+  }
+  Row get = Summarize({.path = path, .transport = transport, .operation = "get", .block_bytes = block, .batch = batch},
+                      us, block * batch);
+  if (failed > 0) get.note = absl::StrCat(failed, " calls with misses");
+  rows.push_back(get);
+}
+
+// memcpy of `batch` blocks per call from a 1 GiB arena (cold, as the server's slots are).
+void MeasureMemcpy(uint64_t block, uint32_t batch, std::vector<Row>& rows) {
+  const uint64_t arena_bytes = std::max<uint64_t>(1ULL << 30, 2 * block * batch);
+  std::vector<std::byte> arena(arena_bytes);
+  for (uint64_t i = 0; i < arena_bytes; i += 4096) arena[i] = static_cast<std::byte>(i);
+  std::vector<std::vector<std::byte>> out(batch, std::vector<std::byte>(block));
+  const uint64_t slots = arena_bytes / block;
+  const int iters = Iterations(block * batch);
+  std::vector<double> us;
+  uint64_t next = 0;
+  for (int i = 0; i < iters + 3; ++i) {
+    const absl::Time t0 = absl::Now();
+    for (uint32_t b = 0; b < batch; ++b) {
+      std::memcpy(out[b].data(), arena.data() + (next % slots) * block, block);
+      next += 7;  // stride through the arena
+    }
+    const double elapsed = absl::ToDoubleMicroseconds(absl::Now() - t0);
+    if (i >= 3) us.push_back(elapsed);
+  }
+  rows.push_back(Summarize({.path = "local", .transport = "memcpy", .operation = "copy", .block_bytes = block,
+                            .batch = batch},
+                           us, block * batch));
+}
+
+// ucx_perftest tag_bw between two processes over the path's UCX_TLS, in UCX's default (none) error mode,
+// with UCX_NET_DEVICES=lo. Returns nullopt when it could not run.
+std::optional<Row> MeasurePerftest(const std::string& perftest, const std::string& path, uint64_t block) {
+  const std::string tls = UcxTls(path);
+  const int iters = std::max(200, static_cast<int>((2ULL << 30) / block));
+  for (int attempt = 0; attempt < 5; ++attempt) {
+    // ucx_perftest exchanges addresses over its own TCP port; retry on a clash with another port.
+    const int port = 20000 + static_cast<int>((getpid() * 131 + attempt * 977 + block / 4096) % 20000);
+    char tmpl[] = "/tmp/kvtier-perftest-XXXXXX";
+    if (mkdtemp(tmpl) == nullptr) return std::nullopt;
+    const std::string dir = tmpl;
+    const std::vector<std::string> env = {"UCX_TLS=" + tls, "UCX_NET_DEVICES=lo"};
+    const pid_t server = Spawn({perftest, "-p", std::to_string(port)}, env, dir + "/server.log");
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    const pid_t client = Spawn({perftest, "127.0.0.1", "-p", std::to_string(port), "-t", "tag_bw", "-s",
+                                std::to_string(block), "-n", std::to_string(iters), "-w", "50", "-f"},
+                               env, dir + "/client.log");
+    int status = 0;
+    waitpid(client, &status, 0);
+    Stop(server);
+    std::ifstream in(dir + "/client.log");
+    std::string line, last;
+    while (std::getline(in, line)) {
+      if (!line.empty()) last = line;
+    }
+    std::filesystem::remove_all(dir);
+    std::vector<std::string> cols = absl::StrSplit(last, ' ', absl::SkipWhitespace());
+    double mbps = 0;  // overall bandwidth, MB/s with MB = 2^20
+    if (WIFEXITED(status) && WEXITSTATUS(status) == 0 && cols.size() >= 8 && absl::SimpleAtod(cols[5], &mbps)) {
+      Row r{.path = path, .transport = "ucx_perftest", .operation = "tag_bw", .block_bytes = block, .batch = 0};
+      r.gbps = mbps * 1048576.0 / 1e9;
+      double avg_us = 0;
+      if (absl::SimpleAtod(cols[3], &avg_us)) r.p50_us = avg_us;  // overall average per message
+      r.calls = iters;
+      r.note = absl::StrCat("UCX_TLS=", tls);
+      return r;
+    }
+  }
+  return std::nullopt;
+}
+
+std::vector<uint64_t> ParseList(const std::string& s) {
+  std::vector<uint64_t> out;
+  for (absl::string_view p : absl::StrSplit(s, ',', absl::SkipEmpty())) {
+    uint64_t v = 0;
+    if (absl::SimpleAtoi(p, &v) && v > 0) out.push_back(v);
+  }
+  return out;
+}
+
+std::string DefaultServerBinary() {
+  std::error_code ec;
+  const auto self = std::filesystem::read_symlink("/proc/self/exe", ec);
+  if (ec) return "";
+  return (self.parent_path().parent_path().parent_path() / "cache_server" / "kvtier-server").string();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage("Batched get/put throughput of kvtier over UCX and gRPC, next to memcpy and "
+                               "ucx_perftest. See bench/README.md.");
+  absl::ParseCommandLine(argc, argv);
+  setenv("UCX_NET_DEVICES", "lo", /*overwrite=*/0);  // stay on 127.0.0.1 (TOOLCHAIN.md pitfall 6)
+  std::signal(SIGPIPE, SIG_IGN);
+
+  std::vector<std::string> paths = absl::StrSplit(absl::GetFlag(FLAGS_paths), ',', absl::SkipEmpty());
+  std::vector<uint64_t> blocks = ParseList(absl::GetFlag(FLAGS_block_bytes));
+  std::vector<uint64_t> batches = ParseList(absl::GetFlag(FLAGS_batches));
+  std::string perftest = absl::GetFlag(FLAGS_perftest);
+  bool do_memcpy = absl::GetFlag(FLAGS_memcpy);
+  if (absl::GetFlag(FLAGS_smoke)) {
+    paths = {"tcp"};
+    blocks = {64 << 10};
+    batches = {2};
+    absl::SetFlag(&FLAGS_min_iters, 3);
+    absl::SetFlag(&FLAGS_max_iters, 3);
+    perftest.clear();
+    do_memcpy = false;
+  }
+  std::string server = absl::GetFlag(FLAGS_server);
+  if (server.empty()) server = DefaultServerBinary();
+  uint64_t max_call = 0;
+  for (uint64_t b : blocks) {
+    for (uint64_t n : batches) max_call = std::max(max_call, b * n);
+  }
+  const uint64_t host_bytes = std::max<uint64_t>(256ULL << 20, 4 * max_call);
+
+  std::vector<Row> rows;
+  bool ok = true;
+  for (const std::string& path : paths) {
+    if (path != "shm" && path != "tcp") {
+      std::fprintf(stderr, "transfer_bench: unknown path \"%s\" (shm or tcp)\n", path.c_str());
+      return 2;
+    }
+    // The UCX limit first, while no kvtier process competes for the cores.
+    if (!perftest.empty()) {
+      for (uint64_t b : blocks) {
+        if (auto r = MeasurePerftest(perftest, path, b); r.has_value()) {
+          rows.push_back(*r);
+        } else {
+          std::fprintf(stderr, "transfer_bench: ucx_perftest did not run for %s, %llu bytes\n", path.c_str(),
+                       static_cast<unsigned long long>(b));
+        }
+      }
+    }
+    auto srv = StartServer(server, UcxTls(path), host_bytes);
+    if (srv == nullptr) return 1;
+    const std::string address = absl::StrCat("127.0.0.1:", srv->grpc_port);
+    uint64_t seed = std::hash<std::string>{}(path) ^ static_cast<uint64_t>(getpid());
+    std::vector<std::pair<std::string, std::string>> transports = {{"ucx", UcxTls(path)}};
+    if (absl::GetFlag(FLAGS_grpc) && path == paths.front()) transports.push_back({"grpc", ""});  // same on both
+    for (const auto& [transport, tls] : transports) {
+      auto client = Client::Connect({.members = {address}, .rpc_timeout = absl::Seconds(30), .transport = transport,
+                                     .ucx_transports = tls});
+      if (!client.ok()) {
+        std::fprintf(stderr, "transfer_bench: %s\n", std::string(client.status().message()).c_str());
+        return 1;
+      }
+      if ((*client)->members()[0].transport != transport) {
+        std::fprintf(stderr, "transfer_bench: wanted %s, the client uses %s\n", transport.c_str(),
+                     (*client)->members()[0].transport.c_str());
+        ok = false;
+      }
+      for (uint64_t b : blocks) {
+        for (uint64_t n : batches) {
+          // gRPC bytes always ride loopback TCP, whatever the UCX path: measured once, as tcp.
+          MeasureClient(**client, transport == "grpc" ? "tcp" : path, transport, b, static_cast<uint32_t>(n), rows,
+                        seed);
+        }
+      }
+      ok &= (*client)->stats().misses_from_errors.load() == 0;
+    }
+  }
+  if (do_memcpy) {
+    for (uint64_t b : blocks) {
+      for (uint64_t n : batches) MeasureMemcpy(b, static_cast<uint32_t>(n), rows);
+    }
+  }
+
+  // Ratios to the limits of the same run: ucx_perftest of the same path and block size, memcpy of the
+  // same block size and batch.
+  std::map<std::pair<std::string, uint64_t>, double> perf;
+  std::map<std::pair<uint64_t, uint32_t>, double> copy;
+  for (const Row& r : rows) {
+    if (r.transport == "ucx_perftest") perf[{r.path, r.block_bytes}] = r.gbps;
+    if (r.transport == "memcpy") copy[{r.block_bytes, r.batch}] = r.gbps;
+  }
+  nlohmann::json out = nlohmann::json::array();
+  for (const Row& r : rows) {
+    nlohmann::json j = {{"path", r.path},       {"transport", r.transport}, {"operation", r.operation},
+                        {"block_bytes", r.block_bytes}, {"batch", r.batch}, {"gbps", r.gbps},
+                        {"p50_us", r.p50_us},   {"p99_us", r.p99_us},       {"calls", r.calls}};
+    if (auto it = perf.find({r.path, r.block_bytes}); it != perf.end() && r.transport == "ucx" && it->second > 0) {
+      j["ratio_to_ucx_perftest"] = r.gbps / it->second;
+    }
+    if (auto it = copy.find({r.block_bytes, r.batch}); it != copy.end() && r.transport != "memcpy" && it->second > 0) {
+      j["ratio_to_memcpy"] = r.gbps / it->second;
+    }
+    if (!r.note.empty()) j["note"] = r.note;
+    out.push_back(j);
+  }
+  if (absl::GetFlag(FLAGS_json)) {
+    std::printf("%s\n", nlohmann::json{{"rows", out}}.dump().c_str());
+  } else {
+    std::printf("%-5s %-12s %-6s %10s %5s %8s %10s %10s %8s %8s  %s\n", "path", "transport", "op", "block", "batch",
+                "GB/s", "p50_us", "p99_us", "/perf", "/memcpy", "note");
+    for (const auto& j : out) {
+      std::printf("%-5s %-12s %-6s %10llu %5u %8.2f %10.1f %10.1f %8s %8s  %s\n",
+                  j["path"].get<std::string>().c_str(), j["transport"].get<std::string>().c_str(),
+                  j["operation"].get<std::string>().c_str(),
+                  static_cast<unsigned long long>(j["block_bytes"].get<uint64_t>()), j["batch"].get<uint32_t>(),
+                  j["gbps"].get<double>(), j["p50_us"].get<double>(), j["p99_us"].get<double>(),
+                  j.contains("ratio_to_ucx_perftest")
+                      ? absl::StrFormat("%.2f", j["ratio_to_ucx_perftest"].get<double>()).c_str()
+                      : "-",
+                  j.contains("ratio_to_memcpy") ? absl::StrFormat("%.2f", j["ratio_to_memcpy"].get<double>()).c_str()
+                                                : "-",
+                  j.contains("note") ? j["note"].get<std::string>().c_str() : "");
+    }
+  }
+  for (const Row& r : rows) ok &= r.note.empty() || r.transport == "ucx_perftest";
+  return ok ? 0 : 1;
+}

@@ -1,0 +1,542 @@
+#include "transport/ucx_server.h"
+
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <ucp/api/ucp.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "kvtier/server/block_store.h"
+#include "kvtier/wire/ucx_messages.h"
+#include "server_metrics.h"
+
+namespace kvtier::server {
+namespace {
+
+namespace msg = wire::ucx;
+using Direction = ServerMetrics::Direction;
+using Transport = ServerMetrics::Transport;
+
+constexpr ucp_tag_t kFullMask = ~ucp_tag_t{0};
+constexpr absl::Duration kSweepInterval = absl::Milliseconds(100);
+constexpr absl::Duration kShutdownDrain = absl::Seconds(2);
+constexpr int kIdleSpins = 4000;  // progress calls with nothing done before the thread sleeps in poll()
+
+absl::StatusOr<sockaddr_storage> ResolveIpv4(const std::string& host_port) {
+  const size_t colon = host_port.rfind(':');
+  int port = 0;
+  if (colon == std::string::npos || !absl::SimpleAtoi(host_port.substr(colon + 1), &port) || port < 0 ||
+      port > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat("ucx.listen_address: \"", host_port, "\" is not host:port"));
+  }
+  std::string host = host_port.substr(0, colon);
+  if (host.empty() || host == "*") host = "0.0.0.0";
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  addrinfo* res = nullptr;
+  if (getaddrinfo(host.c_str(), nullptr, &hints, &res) != 0 || res == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat("ucx.listen_address: cannot resolve \"", host, "\""));
+  }
+  sockaddr_storage ss{};
+  std::memcpy(&ss, res->ai_addr, res->ai_addrlen);
+  freeaddrinfo(res);
+  reinterpret_cast<sockaddr_in*>(&ss)->sin_port = htons(static_cast<uint16_t>(port));
+  return ss;
+}
+
+}  // namespace
+
+struct UcxServer::Impl {
+  // One kGet or kPut request of a client.
+  struct Batch {
+    bool is_put = false;
+    uint64_t request_id = 0;
+    uint64_t id = 0;  // lease id (get) or reservation id (put)
+    uint32_t flags = 0;
+    ucp_ep_h reply_ep = nullptr;
+    std::vector<uint8_t> ok;  // per entry
+    size_t remaining = 0;
+  };
+  // One tagged send or receive of one block.
+  struct Op {
+    Impl* impl = nullptr;
+    Batch* batch = nullptr;
+    uint32_t slot = 0;      // entry of the batch
+    uint32_t index = 0;     // block index in the lease or reservation
+    bool pinned = false;    // false: an empty send / a draining receive (nothing to unpin)
+    uint64_t size = 0;
+    void* request = nullptr;
+    ucp_ep_h ep = nullptr;  // the endpoint it runs on (receives: the batch's client)
+    absl::Time start;
+    bool cancel_requested = false;
+  };
+
+  UcxServerOptions options;
+  BlockStore* store = nullptr;
+  ServerMetrics* metrics = nullptr;
+
+  ucp_context_h context = nullptr;
+  ucp_worker_h worker = nullptr;
+  ucp_listener_h listener = nullptr;
+  ucp_mem_h memh = nullptr;
+  std::byte* region = nullptr;
+  uint64_t region_bytes = 0;
+  int worker_fd = -1;
+  int wake_fd = -1;
+  int port = 0;
+
+  std::thread thread;
+  std::atomic<bool> stop{false};
+  bool shut_down = false;  // guarded by being called from the owner only
+
+  // Progress thread only.
+  absl::flat_hash_set<ucp_ep_h> eps;
+  absl::flat_hash_set<Op*> inflight;
+  std::vector<void*> closing;  // ucp_ep_close_nbx requests not yet complete
+  std::vector<ucp_ep_h> to_close;  // endpoints reported failed by UCX
+  absl::Time next_sweep;
+
+  ~Impl() {
+    if (wake_fd >= 0) close(wake_fd);
+  }
+
+  // ---- setup ----
+
+  absl::Status Init() {
+    auto addr = ResolveIpv4(options.listen_address);
+    if (!addr.ok()) return addr.status();
+    ucp_config_t* config = nullptr;
+    if (ucp_config_read(nullptr, nullptr, &config) != UCS_OK) return absl::UnavailableError("ucp_config_read failed");
+    if (!options.transports.empty() && ucp_config_modify(config, "TLS", options.transports.c_str()) != UCS_OK) {
+      ucp_config_release(config);
+      return absl::InvalidArgumentError(absl::StrCat("ucx.transports: UCX rejects \"", options.transports, "\""));
+    }
+    ucp_params_t params{};
+    params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
+    params.features = UCP_FEATURE_TAG | UCP_FEATURE_AM | UCP_FEATURE_WAKEUP;
+    params.mt_workers_shared = 0;
+    ucs_status_t st = ucp_init(&params, config, &context);
+    ucp_config_release(config);
+    if (st != UCS_OK) return absl::UnavailableError(absl::StrCat("ucp_init: ", ucs_status_string(st)));
+
+    ucp_worker_params_t wp{};
+    wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+    wp.thread_mode = UCS_THREAD_MODE_SINGLE;  // every UCX call runs on the progress thread
+    if ((st = ucp_worker_create(context, &wp, &worker)) != UCS_OK) {
+      return absl::UnavailableError(absl::StrCat("ucp_worker_create: ", ucs_status_string(st)));
+    }
+    if ((st = ucp_worker_get_efd(worker, &worker_fd)) != UCS_OK) {
+      return absl::UnavailableError(absl::StrCat("ucp_worker_get_efd: ", ucs_status_string(st)));
+    }
+    wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (wake_fd < 0) return absl::UnavailableError("eventfd failed");
+
+    // Register the host tier once. Transports without registration needs (tcp, shared memory) accept it
+    // at no cost; an RDMA NIC would pin it here instead of per transfer.
+    const std::span<std::byte> host = store->HostRegion();
+    region = host.data();
+    region_bytes = host.size();
+    ucp_mem_map_params_t mp{};
+    mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
+    mp.address = region;
+    mp.length = region_bytes;
+    if ((st = ucp_mem_map(context, &mp, &memh)) != UCS_OK) {
+      std::fprintf(stderr, "kvtier-server: ucp_mem_map of the host tier failed (%s); registering per transfer\n",
+                   ucs_status_string(st));
+      memh = nullptr;
+    }
+
+    auto set_handler = [&](uint16_t id, ucp_am_recv_callback_t cb) {
+      ucp_am_handler_param_t hp{};
+      hp.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
+                      UCP_AM_HANDLER_PARAM_FIELD_ARG | UCP_AM_HANDLER_PARAM_FIELD_FLAGS;
+      hp.id = id;
+      hp.cb = cb;
+      hp.arg = this;
+      hp.flags = UCP_AM_FLAG_WHOLE_MSG;
+      return ucp_worker_set_am_recv_handler(worker, &hp);
+    };
+    if (set_handler(msg::kHello, &Impl::OnHello) != UCS_OK || set_handler(msg::kGet, &Impl::OnGet) != UCS_OK ||
+        set_handler(msg::kPut, &Impl::OnPut) != UCS_OK) {
+      return absl::UnavailableError("ucp_worker_set_am_recv_handler failed");
+    }
+
+    ucp_listener_params_t lp{};
+    lp.field_mask = UCP_LISTENER_PARAM_FIELD_SOCK_ADDR | UCP_LISTENER_PARAM_FIELD_CONN_HANDLER;
+    lp.sockaddr.addr = reinterpret_cast<const sockaddr*>(&*addr);
+    lp.sockaddr.addrlen = sizeof(sockaddr_in);
+    lp.conn_handler.cb = &Impl::OnConnRequest;
+    lp.conn_handler.arg = this;
+    if ((st = ucp_listener_create(worker, &lp, &listener)) != UCS_OK) {
+      return absl::UnavailableError(absl::StrCat("cannot listen for UCX on ", options.listen_address, ": ",
+                                                 ucs_status_string(st), " (UCX_TLS must include tcp)"));
+    }
+    ucp_listener_attr_t la{};
+    la.field_mask = UCP_LISTENER_ATTR_FIELD_SOCKADDR;
+    if ((st = ucp_listener_query(listener, &la)) != UCS_OK) {
+      return absl::UnavailableError(absl::StrCat("ucp_listener_query: ", ucs_status_string(st)));
+    }
+    port = ntohs(reinterpret_cast<const sockaddr_in*>(&la.sockaddr)->sin_port);
+    return absl::OkStatus();
+  }
+
+  // Frees UCX; the progress thread has stopped.
+  void Destroy() {
+    if (listener != nullptr) ucp_listener_destroy(listener);
+    listener = nullptr;
+    if (worker != nullptr) ucp_worker_destroy(worker);
+    worker = nullptr;
+    // With the worker gone nothing can touch the slots any more: drop what never completed.
+    for (Op* op : std::vector<Op*>(inflight.begin(), inflight.end())) Complete(op, UCS_ERR_CANCELED, 0, false);
+    if (memh != nullptr) ucp_mem_unmap(context, memh);
+    memh = nullptr;
+    if (context != nullptr) ucp_cleanup(context);
+    context = nullptr;
+  }
+
+  // ---- progress thread ----
+
+  void Run() {
+    next_sweep = absl::Now() + kSweepInterval;
+    int idle = 0;
+    while (!stop.load(std::memory_order_acquire)) {
+      if (ucp_worker_progress(worker) != 0) {
+        idle = 0;
+        continue;
+      }
+      MaintenanceIfDue();
+      if (++idle < kIdleSpins) continue;
+      idle = 0;
+      if (ucp_worker_arm(worker) == UCS_ERR_BUSY) continue;
+      pollfd fds[2] = {{.fd = worker_fd, .events = POLLIN, .revents = 0}, {.fd = wake_fd, .events = POLLIN, .revents = 0}};
+      poll(fds, 2, static_cast<int>(absl::ToInt64Milliseconds(kSweepInterval)));
+      uint64_t drained;
+      if (fds[1].revents != 0) (void)!read(wake_fd, &drained, sizeof(drained));
+    }
+    // Stopping: cancel receives, force-close every endpoint (completing their requests), drain.
+    for (Op* op : std::vector<Op*>(inflight.begin(), inflight.end())) {
+      if (inflight.contains(op) && op->request != nullptr && !op->cancel_requested) {
+        op->cancel_requested = true;
+        ucp_request_cancel(worker, op->request);
+      }
+    }
+    for (ucp_ep_h ep : std::vector<ucp_ep_h>(eps.begin(), eps.end())) CloseEp(ep);
+    const absl::Time until = absl::Now() + kShutdownDrain;
+    while ((!inflight.empty() || !closing.empty()) && absl::Now() < until) {
+      ucp_worker_progress(worker);
+      ReapCloses();
+    }
+    for (void* r : closing) ucp_request_free(r);
+    closing.clear();
+    if (!inflight.empty()) {
+      std::fprintf(stderr, "kvtier-server: %zu UCX transfers did not finish at shutdown\n", inflight.size());
+    }
+  }
+
+  void Wake() {
+    const uint64_t one = 1;
+    (void)!write(wake_fd, &one, sizeof(one));
+  }
+
+  void MaintenanceIfDue() {
+    ReapCloses();
+    for (ucp_ep_h ep : to_close) {
+      if (eps.contains(ep)) CloseEp(ep);
+    }
+    to_close.clear();
+    const absl::Time now = absl::Now();
+    if (now < next_sweep) return;
+    next_sweep = now + kSweepInterval;
+    // Transfers past their time: cancel receives that are not matched yet; force-close the endpoint of
+    // anything else (a send, or a receive whose data stopped coming), which completes its requests.
+    std::vector<Op*> late;
+    for (Op* op : inflight) {
+      if (now - op->start > options.transfer_timeout) late.push_back(op);
+    }
+    absl::flat_hash_set<ucp_ep_h> close;
+    for (Op* op : late) {
+      if (!inflight.contains(op)) continue;  // completed by an earlier cancel's callback chain
+      const bool is_recv = op->batch->is_put;
+      if (is_recv && !op->cancel_requested) {
+        op->cancel_requested = true;
+        ucp_request_cancel(worker, op->request);  // may complete (and free) op right here
+        continue;
+      }
+      if (!is_recv || now - op->start > 2 * options.transfer_timeout) close.insert(op->ep);
+    }
+    for (ucp_ep_h ep : close) {
+      if (eps.contains(ep)) CloseEp(ep);
+    }
+  }
+
+  void CloseEp(ucp_ep_h ep) {
+    eps.erase(ep);
+    ucp_request_param_t p{};
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    p.flags = UCP_EP_CLOSE_FLAG_FORCE;
+    ucs_status_ptr_t r = ucp_ep_close_nbx(ep, &p);
+    if (UCS_PTR_IS_PTR(r)) closing.push_back(r);
+  }
+
+  void ReapCloses() {
+    for (size_t i = 0; i < closing.size();) {
+      if (ucp_request_check_status(closing[i]) != UCS_INPROGRESS) {
+        ucp_request_free(closing[i]);
+        closing[i] = closing.back();
+        closing.pop_back();
+      } else {
+        ++i;
+      }
+    }
+  }
+
+  // ---- UCX callbacks ----
+
+  static void OnConnRequest(ucp_conn_request_h conn_request, void* arg) {
+    auto* self = static_cast<Impl*>(arg);
+    ucp_ep_params_t ep{};
+    ep.field_mask = UCP_EP_PARAM_FIELD_CONN_REQUEST | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                    UCP_EP_PARAM_FIELD_ERR_HANDLER;
+    ep.conn_request = conn_request;
+    ep.err_mode = UCP_ERR_HANDLING_MODE_NONE;  // keeps shared memory's single-copy path (see the class comment)
+    ep.err_handler.cb = &Impl::OnEpError;
+    ep.err_handler.arg = self;
+    ucp_ep_h handle = nullptr;
+    if (ucp_ep_create(self->worker, &ep, &handle) == UCS_OK) {
+      self->eps.insert(handle);
+    } else {
+      ucp_listener_reject(self->listener, conn_request);
+    }
+  }
+
+  static void OnEpError(void* arg, ucp_ep_h ep, ucs_status_t) {
+    static_cast<Impl*>(arg)->to_close.push_back(ep);  // closed outside UCX's callback
+  }
+
+  // The message of an AM, or nullopt for a rendezvous one (clients send eager only) or a missing reply ep.
+  static bool Usable(Impl* self, void* data, const ucp_am_recv_param_t* param) {
+    if ((param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0) {
+      ucp_am_data_release(self->worker, data);
+      return false;
+    }
+    return (param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) != 0 && param->reply_ep != nullptr;
+  }
+
+  static ucs_status_t OnHello(void* arg, const void*, size_t, void* data, size_t length,
+                              const ucp_am_recv_param_t* param) {
+    auto* self = static_cast<Impl*>(arg);
+    if (!Usable(self, data, param)) return UCS_OK;
+    auto hello = msg::DecodeHello({static_cast<const std::byte*>(data), length});
+    if (!hello.has_value()) return UCS_OK;
+    msg::HelloReply reply{.version = msg::kProtocolVersion, .nonce = hello->nonce, .node_id = self->options.node_id};
+    self->SendAm(param->reply_ep, msg::kHelloReply, msg::Encode(reply));
+    return UCS_OK;
+  }
+
+  static ucs_status_t OnGet(void* arg, const void*, size_t, void* data, size_t length,
+                            const ucp_am_recv_param_t* param) {
+    auto* self = static_cast<Impl*>(arg);
+    if (!Usable(self, data, param)) return UCS_OK;
+    auto req = msg::DecodeGetRequest({static_cast<const std::byte*>(data), length});
+    if (req.has_value() && !req->indices.empty()) self->StartGet(param->reply_ep, *req);
+    return UCS_OK;
+  }
+
+  static ucs_status_t OnPut(void* arg, const void*, size_t, void* data, size_t length,
+                            const ucp_am_recv_param_t* param) {
+    auto* self = static_cast<Impl*>(arg);
+    if (!Usable(self, data, param)) return UCS_OK;
+    auto req = msg::DecodePutRequest({static_cast<const std::byte*>(data), length});
+    if (req.has_value()) self->StartPut(param->reply_ep, *req);
+    return UCS_OK;
+  }
+
+  static void OnSendDone(void* request, ucs_status_t status, void* user_data) {
+    Op* op = static_cast<Op*>(user_data);
+    ucp_request_free(request);
+    op->request = nullptr;
+    op->impl->Complete(op, status, op->size, true);
+  }
+
+  static void OnRecvDone(void* request, ucs_status_t status, const ucp_tag_recv_info_t* info, void* user_data) {
+    Op* op = static_cast<Op*>(user_data);
+    const uint64_t length = status == UCS_OK && info != nullptr ? info->length : 0;
+    ucp_request_free(request);
+    op->request = nullptr;
+    op->impl->Complete(op, status, length, true);
+  }
+
+  static void OnAmSent(void* request, ucs_status_t, void* user_data) {
+    delete static_cast<std::string*>(user_data);
+    ucp_request_free(request);
+  }
+
+  // ---- requests ----
+
+  void SendAm(ucp_ep_h ep, uint16_t id, std::string payload) {
+    if (!eps.contains(ep)) return;
+    auto* buf = new std::string(std::move(payload));
+    ucp_request_param_t p{};
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
+    p.cb.send = &Impl::OnAmSent;
+    p.user_data = buf;
+    p.flags = UCP_AM_SEND_FLAG_EAGER;
+    ucs_status_ptr_t r = ucp_am_send_nbx(ep, id, nullptr, 0, buf->data(), buf->size(), &p);
+    if (!UCS_PTR_IS_PTR(r)) delete buf;  // done at once, or failed
+  }
+
+  void StartGet(ucp_ep_h ep, const msg::GetRequest& req) {
+    auto* batch = new Batch{.is_put = false, .request_id = req.request_id, .id = req.lease_id, .flags = req.flags,
+                            .reply_ep = ep, .ok = std::vector<uint8_t>(req.indices.size(), 0),
+                            .remaining = req.indices.size()};
+    static const std::byte kEmpty{};
+    const absl::Time now = absl::Now();
+    for (uint32_t j = 0; j < req.indices.size(); ++j) {
+      auto* op = new Op{.impl = this, .batch = batch, .slot = j, .index = req.indices[j], .ep = ep, .start = now};
+      const std::byte* data = &kEmpty;
+      auto pinned = store->PinForSend(req.lease_id, op->index);
+      if (pinned.ok()) {
+        op->pinned = true;
+        op->size = pinned->size_bytes;
+        data = pinned->data;
+      }  // else an empty message tells the client this block is not coming
+      ucp_request_param_t p{};
+      p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+      p.cb.send = &Impl::OnSendDone;
+      p.user_data = op;
+      if (memh != nullptr && op->pinned && data >= region && data + op->size <= region + region_bytes) {
+        p.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMH;
+        p.memh = memh;
+      }
+      ucs_status_ptr_t r = ucp_tag_send_nbx(ep, data, op->size, req.tag_base + j, &p);
+      Track(op, r);
+    }
+  }
+
+  void StartPut(ucp_ep_h ep, const msg::PutRequest& req) {
+    auto* batch = new Batch{.is_put = true, .request_id = req.request_id, .id = req.reservation_id,
+                            .reply_ep = ep, .ok = std::vector<uint8_t>(req.indices.size(), 0),
+                            .remaining = req.indices.size()};
+    if (req.indices.empty()) {
+      FinishBatch(batch);
+      return;
+    }
+    const absl::Time now = absl::Now();
+    const bool taggable = req.reservation_id <= msg::kMaxTagReservationId;
+    for (uint32_t j = 0; j < req.indices.size(); ++j) {
+      auto* op = new Op{.impl = this, .batch = batch, .slot = j, .index = req.indices[j], .ep = ep, .start = now};
+      if (!taggable || op->index > msg::kMaxTagIndex) {
+        Complete(op, UCS_ERR_INVALID_PARAM, 0, false);  // the client cannot have a valid tag for it
+        continue;
+      }
+      std::byte* data = nullptr;
+      auto pinned = store->PinForReceive(req.reservation_id, op->index);
+      if (pinned.ok()) {
+        op->pinned = true;
+        op->size = pinned->size_bytes;
+        data = pinned->data;
+      }  // else a zero-byte receive drains the client's message (truncated), so its send completes
+      ucp_request_param_t p{};
+      p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
+      p.cb.recv = &Impl::OnRecvDone;
+      p.user_data = op;
+      if (memh != nullptr && op->pinned) {
+        p.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMH;
+        p.memh = memh;
+      }
+      ucs_status_ptr_t r =
+          ucp_tag_recv_nbx(worker, data, op->size, msg::PutTag(req.reservation_id, op->index), kFullMask, &p);
+      Track(op, r);
+    }
+  }
+
+  // Records a send/receive just posted: in flight, or completed at once.
+  void Track(Op* op, ucs_status_ptr_t r) {
+    if (UCS_PTR_IS_PTR(r)) {
+      op->request = r;
+      inflight.insert(op);
+    } else {
+      Complete(op, UCS_PTR_STATUS(r), UCS_PTR_STATUS(r) == UCS_OK ? op->size : 0, false);
+    }
+  }
+
+  // One op finished (its request, if any, is already freed or never existed).
+  void Complete(Op* op, ucs_status_t status, uint64_t length, bool was_inflight) {
+    if (was_inflight || inflight.contains(op)) inflight.erase(op);
+    Batch* batch = op->batch;
+    bool ok = false;
+    if (batch->is_put) {
+      ok = op->pinned && status == UCS_OK && length == op->size;
+      if (op->pinned) store->FinishReceive(batch->id, op->index, length, ok);
+      if (ok) {
+        metrics->CountTransfer(Direction::kWrite, Transport::kUcx, length);
+      } else {
+        metrics->CountTransferError(Direction::kWrite);
+      }
+    } else {
+      ok = op->pinned && status == UCS_OK;
+      if (op->pinned) store->Unpin(batch->id, op->index);
+      if (ok) {
+        metrics->CountTransfer(Direction::kRead, Transport::kUcx, op->size);
+      } else {
+        metrics->CountTransferError(Direction::kRead);
+      }
+    }
+    batch->ok[op->slot] = ok ? 1 : 0;
+    delete op;
+    if (--batch->remaining == 0) FinishBatch(batch);
+  }
+
+  void FinishBatch(Batch* batch) {
+    if (batch->is_put) {
+      SendAm(batch->reply_ep, msg::kPutDone, msg::Encode(msg::PutDone{.request_id = batch->request_id, .ok = batch->ok}));
+    } else if ((batch->flags & msg::kGetRelease) != 0) {
+      const uint64_t id = batch->id;
+      store->Release(std::span<const uint64_t>(&id, 1));
+    }
+    delete batch;
+  }
+};
+
+UcxServer::UcxServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+UcxServer::~UcxServer() { Shutdown(); }
+
+absl::StatusOr<std::unique_ptr<UcxServer>> UcxServer::Start(const UcxServerOptions& options, BlockStore& store,
+                                                            ServerMetrics& metrics) {
+  auto impl = std::make_unique<Impl>();
+  impl->options = options;
+  impl->store = &store;
+  impl->metrics = &metrics;
+  if (absl::Status s = impl->Init(); !s.ok()) {
+    impl->Destroy();
+    return s;
+  }
+  Impl* p = impl.get();
+  p->thread = std::thread([p] { p->Run(); });
+  return std::unique_ptr<UcxServer>(new UcxServer(std::move(impl)));
+}
+
+void UcxServer::Shutdown() {
+  if (impl_ == nullptr || impl_->shut_down) return;
+  impl_->shut_down = true;
+  impl_->stop.store(true, std::memory_order_release);
+  impl_->Wake();
+  if (impl_->thread.joinable()) impl_->thread.join();
+  impl_->Destroy();
+}
+
+int UcxServer::port() const { return impl_->port; }
+
+}  // namespace kvtier::server

@@ -1,0 +1,587 @@
+#include "client/ucx_client.h"
+
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <ucp/api/ucp.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <thread>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "kvtier/wire/ucx_messages.h"
+
+namespace kvtier::client {
+namespace {
+
+namespace msg = wire::ucx;
+using ItemStatus = UcxClient::ItemStatus;
+
+constexpr ucp_tag_t kFullMask = ~ucp_tag_t{0};
+constexpr int kIdleSpins = 4000;  // progress calls with nothing done before the thread sleeps in poll()
+// After a missed deadline: how long to wait for cancelled receives, then for the force-closed
+// endpoint's requests to complete.
+constexpr absl::Duration kCancelGrace = absl::Milliseconds(50);
+constexpr absl::Duration kCloseGrace = absl::Seconds(1);
+
+absl::StatusOr<sockaddr_storage> ResolveIpv4(const std::string& host_port) {
+  const size_t colon = host_port.rfind(':');
+  int port = 0;
+  if (colon == std::string::npos || colon == 0 || !absl::SimpleAtoi(host_port.substr(colon + 1), &port) ||
+      port <= 0 || port > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat("\"", host_port, "\" is not host:port"));
+  }
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  addrinfo* res = nullptr;
+  const std::string host = host_port.substr(0, colon);
+  if (getaddrinfo(host.c_str(), nullptr, &hints, &res) != 0 || res == nullptr) {
+    return absl::UnavailableError(absl::StrCat("cannot resolve \"", host, "\""));
+  }
+  sockaddr_storage ss{};
+  std::memcpy(&ss, res->ai_addr, res->ai_addrlen);
+  freeaddrinfo(res);
+  reinterpret_cast<sockaddr_in*>(&ss)->sin_port = htons(static_cast<uint16_t>(port));
+  return ss;
+}
+
+// One caller's transfer (or hello). Fields under mu are shared with the progress thread; `requests` is
+// touched by the progress thread only.
+struct Transfer {
+  std::mutex mu;
+  std::condition_variable cv;
+  size_t remaining = 0;                // guarded by mu: completions still expected
+  std::vector<ItemStatus> items;       // guarded by mu
+  std::vector<uint8_t> put_ok;         // guarded by mu: the server's kPutDone
+  bool put_done = false;               // guarded by mu
+  std::string node_id;                 // guarded by mu: the hello reply
+  bool failed = false;                 // guarded by mu: the endpoint is unknown, failed or a send failed
+  std::vector<void*> requests;         // progress thread: per item, the request while in flight
+  std::vector<uint64_t> expected;      // per item: bytes a receive must bring
+
+  void Done(std::unique_lock<std::mutex>&) {
+    if (--remaining == 0) cv.notify_all();
+  }
+};
+
+}  // namespace
+
+struct UcxClient::Impl {
+  struct Op {
+    Impl* impl = nullptr;
+    std::shared_ptr<Transfer> transfer;
+    uint32_t slot = 0;
+  };
+  struct Endpoint {
+    ucp_ep_h ep = nullptr;
+    bool failed = false;
+  };
+
+  ucp_context_h context = nullptr;
+  ucp_worker_h worker = nullptr;
+  int worker_fd = -1;
+  int wake_fd = -1;
+  std::thread thread;
+  std::atomic<bool> stop{false};
+  std::atomic<uint64_t> next_tag{1};
+  std::atomic<uint64_t> next_id{1};
+  std::atomic<uint64_t> abandoned{0};
+
+  std::mutex queue_mu;
+  std::deque<std::function<void()>> queue;  // guarded by queue_mu
+  std::atomic<bool> queued{false};
+
+  // Progress thread only.
+  absl::flat_hash_map<EndpointId, Endpoint> endpoints;
+  absl::flat_hash_map<ucp_ep_h, EndpointId> endpoint_ids;
+  absl::flat_hash_map<uint64_t, std::shared_ptr<Transfer>> pending_hello;  // by nonce
+  absl::flat_hash_map<uint64_t, std::shared_ptr<Transfer>> pending_put;    // by request id
+  std::vector<void*> closing;
+
+  ~Impl() {
+    if (wake_fd >= 0) close(wake_fd);
+  }
+
+  absl::Status Init(const std::string& transports) {
+    ucp_config_t* config = nullptr;
+    if (ucp_config_read(nullptr, nullptr, &config) != UCS_OK) return absl::UnavailableError("ucp_config_read failed");
+    if (!transports.empty() && ucp_config_modify(config, "TLS", transports.c_str()) != UCS_OK) {
+      ucp_config_release(config);
+      return absl::InvalidArgumentError(absl::StrCat("ucx_transports: UCX rejects \"", transports, "\""));
+    }
+    ucp_params_t params{};
+    params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
+    params.features = UCP_FEATURE_TAG | UCP_FEATURE_AM | UCP_FEATURE_WAKEUP;
+    params.mt_workers_shared = 0;
+    ucs_status_t st = ucp_init(&params, config, &context);
+    ucp_config_release(config);
+    if (st != UCS_OK) return absl::UnavailableError(absl::StrCat("ucp_init: ", ucs_status_string(st)));
+    ucp_worker_params_t wp{};
+    wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+    wp.thread_mode = UCS_THREAD_MODE_SINGLE;  // only the progress thread calls UCX
+    if ((st = ucp_worker_create(context, &wp, &worker)) != UCS_OK) {
+      return absl::UnavailableError(absl::StrCat("ucp_worker_create: ", ucs_status_string(st)));
+    }
+    if ((st = ucp_worker_get_efd(worker, &worker_fd)) != UCS_OK) {
+      return absl::UnavailableError(absl::StrCat("ucp_worker_get_efd: ", ucs_status_string(st)));
+    }
+    wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (wake_fd < 0) return absl::UnavailableError("eventfd failed");
+    auto set_handler = [&](uint16_t id, ucp_am_recv_callback_t cb) {
+      ucp_am_handler_param_t hp{};
+      hp.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
+                      UCP_AM_HANDLER_PARAM_FIELD_ARG | UCP_AM_HANDLER_PARAM_FIELD_FLAGS;
+      hp.id = id;
+      hp.cb = cb;
+      hp.arg = this;
+      hp.flags = UCP_AM_FLAG_WHOLE_MSG;
+      return ucp_worker_set_am_recv_handler(worker, &hp);
+    };
+    if (set_handler(msg::kHelloReply, &Impl::OnHelloReply) != UCS_OK ||
+        set_handler(msg::kPutDone, &Impl::OnPutDone) != UCS_OK) {
+      return absl::UnavailableError("ucp_worker_set_am_recv_handler failed");
+    }
+    return absl::OkStatus();
+  }
+
+  // The progress thread has stopped (or never started).
+  void Destroy() {
+    if (worker != nullptr) {
+      for (auto& [id, e] : endpoints) CloseLocked(e.ep);
+      const absl::Time until = absl::Now() + kCloseGrace;
+      while (!closing.empty() && absl::Now() < until) {
+        ucp_worker_progress(worker);
+        ReapCloses();
+      }
+      for (void* r : closing) ucp_request_free(r);
+      closing.clear();
+      endpoints.clear();
+      ucp_worker_destroy(worker);
+      worker = nullptr;
+    }
+    if (context != nullptr) ucp_cleanup(context);
+    context = nullptr;
+  }
+
+  // ---- progress thread ----
+
+  void Run() {
+    int idle = 0;
+    while (!stop.load(std::memory_order_acquire)) {
+      if (queued.load(std::memory_order_acquire)) RunCommands();
+      if (ucp_worker_progress(worker) != 0) {
+        idle = 0;
+        continue;
+      }
+      ReapCloses();
+      if (++idle < kIdleSpins) continue;
+      idle = 0;
+      if (queued.load(std::memory_order_acquire)) continue;
+      if (ucp_worker_arm(worker) == UCS_ERR_BUSY) continue;
+      pollfd fds[2] = {{.fd = worker_fd, .events = POLLIN, .revents = 0}, {.fd = wake_fd, .events = POLLIN, .revents = 0}};
+      poll(fds, 2, 100);
+      uint64_t drained;
+      if (fds[1].revents != 0) (void)!read(wake_fd, &drained, sizeof(drained));
+    }
+    RunCommands();  // a Close() queued last
+  }
+
+  void RunCommands() {
+    std::deque<std::function<void()>> batch;
+    {
+      std::lock_guard<std::mutex> lock(queue_mu);
+      batch.swap(queue);
+      queued.store(false, std::memory_order_release);
+    }
+    for (auto& fn : batch) fn();
+  }
+
+  void Enqueue(std::function<void()> fn) {
+    {
+      std::lock_guard<std::mutex> lock(queue_mu);
+      queue.push_back(std::move(fn));
+      queued.store(true, std::memory_order_release);
+    }
+    const uint64_t one = 1;
+    (void)!write(wake_fd, &one, sizeof(one));
+  }
+
+  void CloseLocked(ucp_ep_h ep) {
+    ucp_request_param_t p{};
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    p.flags = UCP_EP_CLOSE_FLAG_FORCE;
+    ucs_status_ptr_t r = ucp_ep_close_nbx(ep, &p);
+    if (UCS_PTR_IS_PTR(r)) closing.push_back(r);
+  }
+
+  void CloseEndpoint(EndpointId id) {
+    auto it = endpoints.find(id);
+    if (it == endpoints.end()) return;
+    ucp_ep_h ep = it->second.ep;
+    endpoints.erase(it);
+    endpoint_ids.erase(ep);
+    CloseLocked(ep);
+  }
+
+  void ReapCloses() {
+    for (size_t i = 0; i < closing.size();) {
+      if (ucp_request_check_status(closing[i]) != UCS_INPROGRESS) {
+        ucp_request_free(closing[i]);
+        closing[i] = closing.back();
+        closing.pop_back();
+      } else {
+        ++i;
+      }
+    }
+  }
+
+  // The endpoint to run on, or null (and every item failed) when it is unknown or failed.
+  ucp_ep_h UsableEndpoint(EndpointId id, Transfer& t) {
+    auto it = endpoints.find(id);
+    if (it != endpoints.end() && !it->second.failed) return it->second.ep;
+    std::unique_lock<std::mutex> lock(t.mu);
+    t.failed = true;
+    t.remaining = 0;
+    t.cv.notify_all();
+    return nullptr;
+  }
+
+  // Sends an eager AM whose payload lives until its completion.
+  ucs_status_t SendAm(ucp_ep_h ep, uint16_t id, std::string payload) {
+    auto* buf = new std::string(std::move(payload));
+    ucp_request_param_t p{};
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
+    p.cb.send = [](void* request, ucs_status_t, void* user_data) {
+      delete static_cast<std::string*>(user_data);
+      ucp_request_free(request);
+    };
+    p.user_data = buf;
+    p.flags = UCP_AM_SEND_FLAG_EAGER | UCP_AM_SEND_FLAG_REPLY;
+    ucs_status_ptr_t r = ucp_am_send_nbx(ep, id, nullptr, 0, buf->data(), buf->size(), &p);
+    if (UCS_PTR_IS_PTR(r)) return UCS_OK;
+    delete buf;
+    return UCS_PTR_STATUS(r);
+  }
+
+  static void OnEpError(void* arg, ucp_ep_h ep, ucs_status_t) {
+    auto* self = static_cast<Impl*>(arg);
+    auto it = self->endpoint_ids.find(ep);
+    if (it != self->endpoint_ids.end()) self->endpoints[it->second].failed = true;
+  }
+
+  static ucs_status_t OnHelloReply(void* arg, const void*, size_t, void* data, size_t length,
+                                   const ucp_am_recv_param_t* param) {
+    auto* self = static_cast<Impl*>(arg);
+    if ((param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0) {
+      ucp_am_data_release(self->worker, data);
+      return UCS_OK;
+    }
+    auto reply = msg::DecodeHelloReply({static_cast<const std::byte*>(data), length});
+    if (!reply.has_value()) return UCS_OK;
+    auto it = self->pending_hello.find(reply->nonce);
+    if (it == self->pending_hello.end()) return UCS_OK;
+    std::shared_ptr<Transfer> t = std::move(it->second);
+    self->pending_hello.erase(it);
+    std::unique_lock<std::mutex> lock(t->mu);
+    t->node_id = reply->version == msg::kProtocolVersion ? reply->node_id : "";
+    t->failed = reply->version != msg::kProtocolVersion;
+    t->Done(lock);
+    return UCS_OK;
+  }
+
+  static ucs_status_t OnPutDone(void* arg, const void*, size_t, void* data, size_t length,
+                                const ucp_am_recv_param_t* param) {
+    auto* self = static_cast<Impl*>(arg);
+    if ((param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0) {
+      ucp_am_data_release(self->worker, data);
+      return UCS_OK;
+    }
+    auto done = msg::DecodePutDone({static_cast<const std::byte*>(data), length});
+    if (!done.has_value()) return UCS_OK;
+    auto it = self->pending_put.find(done->request_id);
+    if (it == self->pending_put.end()) return UCS_OK;
+    std::shared_ptr<Transfer> t = std::move(it->second);
+    self->pending_put.erase(it);
+    std::unique_lock<std::mutex> lock(t->mu);
+    if (done->ok.size() == t->items.size()) t->put_ok = std::move(done->ok);
+    t->put_done = true;
+    t->Done(lock);
+    return UCS_OK;
+  }
+
+  static void OnRecvDone(void* request, ucs_status_t status, const ucp_tag_recv_info_t* info, void* user_data) {
+    auto* op = static_cast<Op*>(user_data);
+    Transfer& t = *op->transfer;
+    t.requests[op->slot] = nullptr;
+    ucp_request_free(request);
+    ItemStatus s = ItemStatus::kError;
+    if (status == UCS_OK && info != nullptr) {
+      if (info->length == t.expected[op->slot]) {
+        s = ItemStatus::kOk;
+      } else if (info->length == 0) {
+        s = ItemStatus::kUnavailable;  // the server could not send this block
+      }
+    }
+    {
+      std::unique_lock<std::mutex> lock(t.mu);
+      t.items[op->slot] = s;
+      t.Done(lock);
+    }
+    delete op;
+  }
+
+  static void OnSendDone(void* request, ucs_status_t status, void* user_data) {
+    auto* op = static_cast<Op*>(user_data);
+    Transfer& t = *op->transfer;
+    t.requests[op->slot] = nullptr;
+    ucp_request_free(request);
+    {
+      std::unique_lock<std::mutex> lock(t.mu);
+      t.items[op->slot] = status == UCS_OK ? ItemStatus::kOk : ItemStatus::kError;
+      t.Done(lock);
+    }
+    delete op;
+  }
+
+  // Stops waiting for a server's reply: its completion is counted now.
+  static void Forget(absl::flat_hash_map<uint64_t, std::shared_ptr<Transfer>>& pending, uint64_t key) {
+    auto it = pending.find(key);
+    if (it == pending.end()) return;
+    std::shared_ptr<Transfer> t = std::move(it->second);
+    pending.erase(it);
+    std::unique_lock<std::mutex> lock(t->mu);
+    t->failed = true;
+    t->Done(lock);
+  }
+
+  // Waits for `t` until `deadline`; on a miss cancels what can be cancelled, force-closes the endpoint
+  // and waits for the requests to complete. True when everything completed by the deadline.
+  bool Await(const std::shared_ptr<Transfer>& t, EndpointId endpoint, absl::Time deadline,
+             std::function<void()> forget) {
+    {
+      std::unique_lock<std::mutex> lock(t->mu);
+      if (t->cv.wait_until(lock, absl::ToChronoTime(deadline), [&] { return t->remaining == 0; })) return true;
+    }
+    Enqueue([this, t, forget] {
+      forget();
+      for (void* r : t->requests) {
+        if (r != nullptr) ucp_request_cancel(worker, r);  // unmatched receives complete as cancelled
+      }
+    });
+    {
+      std::unique_lock<std::mutex> lock(t->mu);
+      t->cv.wait_for(lock, absl::ToChronoNanoseconds(kCancelGrace), [&] { return t->remaining == 0; });
+    }
+    Enqueue([this, endpoint] { CloseEndpoint(endpoint); });
+    std::unique_lock<std::mutex> lock(t->mu);
+    if (!t->cv.wait_for(lock, absl::ToChronoNanoseconds(kCloseGrace), [&] { return t->remaining == 0; })) {
+      abandoned.fetch_add(t->remaining, std::memory_order_relaxed);
+    }
+    return false;
+  }
+};
+
+UcxClient::UcxClient(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+UcxClient::~UcxClient() {
+  impl_->stop.store(true, std::memory_order_release);
+  const uint64_t one = 1;
+  (void)!write(impl_->wake_fd, &one, sizeof(one));
+  if (impl_->thread.joinable()) impl_->thread.join();
+  impl_->Destroy();
+}
+
+absl::StatusOr<std::unique_ptr<UcxClient>> UcxClient::Create(const std::string& transports) {
+  auto impl = std::make_unique<Impl>();
+  if (absl::Status s = impl->Init(transports); !s.ok()) {
+    impl->Destroy();
+    return s;
+  }
+  Impl* p = impl.get();
+  p->thread = std::thread([p] { p->Run(); });
+  return std::unique_ptr<UcxClient>(new UcxClient(std::move(impl)));
+}
+
+uint64_t UcxClient::abandoned_requests() const { return impl_->abandoned.load(std::memory_order_relaxed); }
+
+absl::StatusOr<UcxClient::Connection> UcxClient::Connect(const std::string& host_port, absl::Time deadline) {
+  auto addr = ResolveIpv4(host_port);
+  if (!addr.ok()) return addr.status();
+  Impl& im = *impl_;
+  const EndpointId id = im.next_id.fetch_add(1);
+  const uint64_t nonce = im.next_id.fetch_add(1);
+  auto t = std::make_shared<Transfer>();
+  t->remaining = 1;
+  im.Enqueue([&im, t, id, nonce, addr = *addr] {
+    ucp_ep_params_t p{};
+    p.field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                   UCP_EP_PARAM_FIELD_ERR_HANDLER;
+    p.flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER;
+    p.sockaddr.addr = reinterpret_cast<const sockaddr*>(&addr);
+    p.sockaddr.addrlen = sizeof(sockaddr_in);
+    p.err_mode = UCP_ERR_HANDLING_MODE_NONE;  // see the class comment
+    p.err_handler.cb = &Impl::OnEpError;
+    p.err_handler.arg = &im;
+    ucp_ep_h ep = nullptr;
+    if (ucp_ep_create(im.worker, &p, &ep) != UCS_OK) {
+      std::unique_lock<std::mutex> lock(t->mu);
+      t->failed = true;
+      t->Done(lock);
+      return;
+    }
+    im.endpoints[id] = {.ep = ep};
+    im.endpoint_ids[ep] = id;
+    im.pending_hello[nonce] = t;
+    if (im.SendAm(ep, msg::kHello, msg::Encode(msg::Hello{.nonce = nonce})) != UCS_OK) {
+      im.pending_hello.erase(nonce);
+      std::unique_lock<std::mutex> lock(t->mu);
+      t->failed = true;
+      t->Done(lock);
+    }
+  });
+  const bool in_time = im.Await(t, id, deadline, [&im, nonce] { im.Forget(im.pending_hello, nonce); });
+  std::lock_guard<std::mutex> lock(t->mu);
+  if (!in_time || t->failed) {
+    if (in_time) Close(id);
+    return in_time ? absl::UnavailableError(absl::StrCat("UCX hello to ", host_port, " failed"))
+                   : absl::DeadlineExceededError(absl::StrCat("UCX hello to ", host_port, " timed out"));
+  }
+  return Connection{.endpoint = id, .node_id = t->node_id};
+}
+
+void UcxClient::Close(EndpointId endpoint) {
+  impl_->Enqueue([im = impl_.get(), endpoint] { im->CloseEndpoint(endpoint); });
+}
+
+UcxClient::TransferResult UcxClient::Get(EndpointId endpoint, uint64_t lease_id, bool release,
+                                         std::span<const uint32_t> indices,
+                                         std::span<const std::span<std::byte>> buffers, absl::Time deadline) {
+  Impl& im = *impl_;
+  const size_t n = indices.size();
+  TransferResult result;
+  result.items.assign(n, ItemStatus::kError);
+  if (n == 0) return result;
+  auto t = std::make_shared<Transfer>();
+  t->remaining = n;
+  t->items.assign(n, ItemStatus::kError);
+  t->requests.assign(n, nullptr);
+  for (const auto& b : buffers) t->expected.push_back(b.size());
+  const uint64_t tag_base = im.next_tag.fetch_add(n);
+  msg::GetRequest req{.request_id = tag_base, .lease_id = lease_id, .tag_base = tag_base,
+                      .flags = release ? msg::kGetRelease : 0u,
+                      .indices = std::vector<uint32_t>(indices.begin(), indices.end())};
+  std::vector<std::span<std::byte>> bufs(buffers.begin(), buffers.end());
+  im.Enqueue([&im, t, endpoint, tag_base, bufs = std::move(bufs), payload = msg::Encode(req)]() mutable {
+    ucp_ep_h ep = im.UsableEndpoint(endpoint, *t);
+    if (ep == nullptr) return;
+    // Receives first, so that the blocks land straight in the caller's buffers (no unexpected queue).
+    for (uint32_t j = 0; j < bufs.size(); ++j) {
+      auto* op = new Impl::Op{.impl = &im, .transfer = t, .slot = j};
+      ucp_request_param_t p{};
+      p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
+      p.cb.recv = &Impl::OnRecvDone;
+      p.user_data = op;
+      ucs_status_ptr_t r = ucp_tag_recv_nbx(im.worker, bufs[j].data(), bufs[j].size(), tag_base + j, kFullMask, &p);
+      if (UCS_PTR_IS_PTR(r)) {
+        t->requests[j] = r;
+      } else {
+        delete op;
+        std::unique_lock<std::mutex> lock(t->mu);
+        t->failed = true;
+        t->Done(lock);
+      }
+    }
+    if (im.SendAm(ep, msg::kGet, std::move(payload)) != UCS_OK) {
+      {
+        std::lock_guard<std::mutex> lock(t->mu);
+        t->failed = true;
+      }
+      for (void* r : t->requests) {
+        if (r != nullptr) ucp_request_cancel(im.worker, r);
+      }
+    }
+  });
+  const bool in_time = im.Await(t, endpoint, deadline, [] {});
+  std::lock_guard<std::mutex> lock(t->mu);
+  result.items = t->items;
+  result.endpoint_failed = !in_time || t->failed;
+  for (ItemStatus s : result.items) result.endpoint_failed |= s == ItemStatus::kError;
+  return result;
+}
+
+UcxClient::TransferResult UcxClient::Put(EndpointId endpoint, uint64_t reservation_id,
+                                         std::span<const uint32_t> indices,
+                                         std::span<const std::span<const std::byte>> blocks, absl::Time deadline) {
+  Impl& im = *impl_;
+  const size_t n = indices.size();
+  TransferResult result;
+  result.items.assign(n, ItemStatus::kError);
+  if (n == 0) return result;
+  if (reservation_id > msg::kMaxTagReservationId) return result;
+  for (uint32_t index : indices) {
+    if (index > msg::kMaxTagIndex) return result;
+  }
+  auto t = std::make_shared<Transfer>();
+  t->remaining = n + 1;  // every send, and the server's kPutDone
+  t->items.assign(n, ItemStatus::kError);
+  t->requests.assign(n, nullptr);
+  const uint64_t request_id = im.next_id.fetch_add(1);
+  msg::PutRequest req{.request_id = request_id, .reservation_id = reservation_id,
+                      .indices = std::vector<uint32_t>(indices.begin(), indices.end())};
+  std::vector<std::span<const std::byte>> data(blocks.begin(), blocks.end());
+  std::vector<uint32_t> idx(indices.begin(), indices.end());
+  im.Enqueue([&im, t, endpoint, request_id, reservation_id, data = std::move(data), idx = std::move(idx),
+              payload = msg::Encode(req)]() mutable {
+    ucp_ep_h ep = im.UsableEndpoint(endpoint, *t);
+    if (ep == nullptr) return;
+    im.pending_put[request_id] = t;
+    if (im.SendAm(ep, msg::kPut, std::move(payload)) != UCS_OK) {
+      im.pending_put.erase(request_id);
+      std::unique_lock<std::mutex> lock(t->mu);
+      t->failed = true;
+      t->remaining = 0;
+      t->cv.notify_all();
+      return;
+    }
+    for (uint32_t j = 0; j < data.size(); ++j) {
+      auto* op = new Impl::Op{.impl = &im, .transfer = t, .slot = j};
+      ucp_request_param_t p{};
+      p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+      p.cb.send = &Impl::OnSendDone;
+      p.user_data = op;
+      ucs_status_ptr_t r = ucp_tag_send_nbx(ep, data[j].data(), data[j].size(), msg::PutTag(reservation_id, idx[j]), &p);
+      if (UCS_PTR_IS_PTR(r)) {
+        t->requests[j] = r;
+        continue;
+      }
+      delete op;
+      std::unique_lock<std::mutex> lock(t->mu);
+      t->items[j] = UCS_PTR_STATUS(r) == UCS_OK ? ItemStatus::kOk : ItemStatus::kError;
+      t->Done(lock);
+    }
+  });
+  const bool in_time = im.Await(t, endpoint, deadline, [&im, request_id] { im.Forget(im.pending_put, request_id); });
+  std::lock_guard<std::mutex> lock(t->mu);
+  result.endpoint_failed = !in_time || t->failed;
+  for (size_t j = 0; j < n; ++j) {
+    if (t->items[j] != ItemStatus::kOk) {
+      result.items[j] = ItemStatus::kError;
+      result.endpoint_failed = true;  // a send failed: the connection is broken
+    } else if (t->put_done && j < t->put_ok.size()) {
+      result.items[j] = t->put_ok[j] != 0 ? ItemStatus::kOk : ItemStatus::kUnavailable;
+    }
+  }
+  return result;
+}
+
+}  // namespace kvtier::client

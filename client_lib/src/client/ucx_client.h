@@ -1,0 +1,79 @@
+// The client side of the UCX bulk data plane (private to client_lib; docs/architecture.md "UCX data plane").
+#ifndef KVTIER_CLIENT_SRC_CLIENT_UCX_CLIENT_H_
+#define KVTIER_CLIENT_SRC_CLIENT_UCX_CLIENT_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace kvtier::client {
+
+// One UCX (ucp) context and worker with its own progress thread, and endpoints to servers' UCX
+// listeners. Callers' threads never touch UCX: they queue commands that the progress thread runs, and
+// wait for completions with a deadline. Payloads move as tagged messages straight between the caller's
+// buffers and the server's slots (kvtier/wire/ucx_messages.h): rendezvous, so single-copy over shared
+// memory + cma and one stream over tcp.
+//
+// Error handling: endpoints use UCP_ERR_HANDLING_MODE_NONE (PEER mode would turn off cma's single copy
+// in UCX 1.13), so a dead server is noticed by deadline, not by UCX: a transfer that is not complete at
+// its deadline has its unmatched receives cancelled and its endpoint force-closed (which completes its
+// sends and receives), and is reported with endpoint_failed; the caller then reconnects after a
+// backoff. Only after every request of a transfer completed does the call return, so UCX never touches
+// a caller's buffer after it; should UCX fail to complete a request even after the force close (not
+// seen in tests), the call returns after a further grace period and counts it in abandoned_requests().
+// Thread-safety: all methods may be called concurrently.
+class UcxClient {
+ public:
+  using EndpointId = uint64_t;
+
+  // `transports`: UCX_TLS of this context ("" = UCX's default, from the environment).
+  // Errors: Unavailable (UCX could not start).
+  static absl::StatusOr<std::unique_ptr<UcxClient>> Create(const std::string& transports);
+  ~UcxClient();
+
+  // Connects to the UCX listener at host:port and completes a hello round trip before `deadline`.
+  // Returns the endpoint and the node id the server reported. Errors: Unavailable, DeadlineExceeded.
+  struct Connection {
+    EndpointId endpoint = 0;
+    std::string node_id;
+  };
+  absl::StatusOr<Connection> Connect(const std::string& host_port, absl::Time deadline);
+  // Force-closes an endpoint (transfers on it fail). Unknown ids are ignored.
+  void Close(EndpointId endpoint);
+
+  enum class ItemStatus : uint8_t { kOk, kUnavailable, kError };
+  struct TransferResult {
+    std::vector<ItemStatus> items;  // per item: kUnavailable = the server could not send or store it
+    bool endpoint_failed = false;   // an error or the deadline: the endpoint is no longer trusted
+  };
+
+  // Asks the server to send block `indices[j]` of lease `lease_id` into `buffers[j]` (borrowed until
+  // return) and waits until every block arrived or `deadline`. A block counts as kOk only with exactly
+  // buffers[j].size() bytes. release: the server releases the lease after its last send.
+  TransferResult Get(EndpointId endpoint, uint64_t lease_id, bool release, std::span<const uint32_t> indices,
+                     std::span<const std::span<std::byte>> buffers, absl::Time deadline);
+
+  // Sends `blocks[j]` (borrowed until return) into block `indices[j]` of reservation `reservation_id` and
+  // waits for the server's kPutDone (every receive finished) or `deadline`. kOk: the server has all the
+  // bytes of that block (Commit still verifies them).
+  TransferResult Put(EndpointId endpoint, uint64_t reservation_id, std::span<const uint32_t> indices,
+                     std::span<const std::span<const std::byte>> blocks, absl::Time deadline);
+
+  uint64_t abandoned_requests() const;
+
+  struct Impl;
+
+ private:
+  explicit UcxClient(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace kvtier::client
+
+#endif  // KVTIER_CLIENT_SRC_CLIENT_UCX_CLIENT_H_

@@ -1,0 +1,213 @@
+// The UCX bulk plane's small control messages and tag layout, shared by the server's transport
+// (cache_server/src/transport/) and the client library. Header-only, no UCX types.
+//
+// Protocol (DESIGN.md §4, docs/architecture.md "UCX data plane"): the control plane stays gRPC (leases,
+// reservations, commits); UCX carries only payload bytes as tagged messages, plus these active messages
+// (AM), each a little-endian byte string in the AM's data:
+//   kHello      client -> server  {version u32, nonce u64}
+//   kHelloReply server -> client  {version u32, nonce u64, node_id_len u32, node_id bytes}
+//   kGet        client -> server  {request_id u64, lease_id u64, tag_base u64, flags u32, n u32, index u32 x n}
+//                 The server sends, for each j < n, block indices[j] of the lease as one tagged message
+//                 with tag tag_base + j, straight from the leased slot; a block it cannot send (lease
+//                 expired, index not held) is sent as an empty message on its tag, so that every posted
+//                 receive completes. flags & kGetRelease: release the lease once every send completed.
+//   kPut        client -> server  {request_id u64, reservation_id u64, n u32, index u32 x n}
+//                 The server posts, for each index, a tagged receive straight into the reserved slot with
+//                 tag PutTag(reservation_id, index); the client sends the block's bytes with that tag.
+//   kPutDone    server -> client  {request_id u64, n u32, ok u8 x n}: every receive of the request finished
+//                 (ok = all bytes arrived); the client commits over gRPC only after it.
+#ifndef KVTIER_WIRE_UCX_MESSAGES_H_
+#define KVTIER_WIRE_UCX_MESSAGES_H_
+
+#include <bit>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace kvtier::wire::ucx {
+
+static_assert(std::endian::native == std::endian::little, "the UCX messages are little-endian in memory");
+
+inline constexpr uint32_t kProtocolVersion = 1;
+
+// Active message ids (ucp_worker_set_am_recv_handler).
+enum AmId : uint16_t { kHello = 1, kHelloReply = 2, kGet = 3, kPut = 4, kPutDone = 5 };
+
+inline constexpr uint32_t kGetRelease = 1;  // kGet flag: release the lease after the last send
+
+// Tags of put payloads, as the server matches them: bit 63 set, 39 bits of reservation id, 24 bits of
+// block index. Reservation ids come from one counter per server, so tags of two puts never collide.
+inline constexpr uint64_t kPutTagBit = uint64_t{1} << 63;
+inline constexpr uint32_t kTagIndexBits = 24;
+inline constexpr uint64_t kMaxTagReservationId = (uint64_t{1} << 39) - 1;
+inline constexpr uint32_t kMaxTagIndex = (uint32_t{1} << kTagIndexBits) - 1;
+// Valid when reservation_id <= kMaxTagReservationId and index <= kMaxTagIndex.
+inline uint64_t PutTag(uint64_t reservation_id, uint32_t index) {
+  return kPutTagBit | (reservation_id << kTagIndexBits) | index;
+}
+
+struct Hello {
+  uint32_t version = kProtocolVersion;
+  uint64_t nonce = 0;
+};
+struct HelloReply {
+  uint32_t version = kProtocolVersion;
+  uint64_t nonce = 0;
+  std::string node_id;
+};
+struct GetRequest {
+  uint64_t request_id = 0;
+  uint64_t lease_id = 0;
+  uint64_t tag_base = 0;
+  uint32_t flags = 0;
+  std::vector<uint32_t> indices;
+};
+struct PutRequest {
+  uint64_t request_id = 0;
+  uint64_t reservation_id = 0;
+  std::vector<uint32_t> indices;
+};
+struct PutDone {
+  uint64_t request_id = 0;
+  std::vector<uint8_t> ok;
+};
+
+namespace internal {
+
+class Writer {
+ public:
+  template <typename T>
+  void Put(T v) {
+    const size_t at = out_.size();
+    out_.resize(at + sizeof(T));
+    std::memcpy(out_.data() + at, &v, sizeof(T));
+  }
+  void Bytes(const void* p, size_t n) { out_.append(static_cast<const char*>(p), n); }
+  std::string Take() { return std::move(out_); }
+
+ private:
+  std::string out_;
+};
+
+class Reader {
+ public:
+  explicit Reader(std::span<const std::byte> in) : in_(in) {}
+  template <typename T>
+  bool Get(T& v) {
+    if (in_.size() - pos_ < sizeof(T)) return false;
+    std::memcpy(&v, in_.data() + pos_, sizeof(T));
+    pos_ += sizeof(T);
+    return true;
+  }
+  bool Bytes(void* p, size_t n) {
+    if (in_.size() - pos_ < n) return false;
+    std::memcpy(p, in_.data() + pos_, n);
+    pos_ += n;
+    return true;
+  }
+  size_t left() const { return in_.size() - pos_; }
+  bool done() const { return pos_ == in_.size(); }
+
+ private:
+  std::span<const std::byte> in_;
+  size_t pos_ = 0;
+};
+
+}  // namespace internal
+
+inline std::string Encode(const Hello& m) {
+  internal::Writer w;
+  w.Put(m.version);
+  w.Put(m.nonce);
+  return w.Take();
+}
+inline std::string Encode(const HelloReply& m) {
+  internal::Writer w;
+  w.Put(m.version);
+  w.Put(m.nonce);
+  w.Put(static_cast<uint32_t>(m.node_id.size()));
+  w.Bytes(m.node_id.data(), m.node_id.size());
+  return w.Take();
+}
+inline std::string Encode(const GetRequest& m) {
+  internal::Writer w;
+  w.Put(m.request_id);
+  w.Put(m.lease_id);
+  w.Put(m.tag_base);
+  w.Put(m.flags);
+  w.Put(static_cast<uint32_t>(m.indices.size()));
+  w.Bytes(m.indices.data(), m.indices.size() * sizeof(uint32_t));
+  return w.Take();
+}
+inline std::string Encode(const PutRequest& m) {
+  internal::Writer w;
+  w.Put(m.request_id);
+  w.Put(m.reservation_id);
+  w.Put(static_cast<uint32_t>(m.indices.size()));
+  w.Bytes(m.indices.data(), m.indices.size() * sizeof(uint32_t));
+  return w.Take();
+}
+inline std::string Encode(const PutDone& m) {
+  internal::Writer w;
+  w.Put(m.request_id);
+  w.Put(static_cast<uint32_t>(m.ok.size()));
+  w.Bytes(m.ok.data(), m.ok.size());
+  return w.Take();
+}
+
+// Decoders return nullopt for a truncated, oversized or trailing-garbage message.
+inline std::optional<Hello> DecodeHello(std::span<const std::byte> in) {
+  internal::Reader r(in);
+  Hello m;
+  if (!r.Get(m.version) || !r.Get(m.nonce) || !r.done()) return std::nullopt;
+  return m;
+}
+inline std::optional<HelloReply> DecodeHelloReply(std::span<const std::byte> in) {
+  internal::Reader r(in);
+  HelloReply m;
+  uint32_t n = 0;
+  if (!r.Get(m.version) || !r.Get(m.nonce) || !r.Get(n) || n != r.left()) return std::nullopt;
+  m.node_id.resize(n);
+  if (!r.Bytes(m.node_id.data(), n)) return std::nullopt;
+  return m;
+}
+inline std::optional<GetRequest> DecodeGetRequest(std::span<const std::byte> in) {
+  internal::Reader r(in);
+  GetRequest m;
+  uint32_t n = 0;
+  if (!r.Get(m.request_id) || !r.Get(m.lease_id) || !r.Get(m.tag_base) || !r.Get(m.flags) || !r.Get(n) ||
+      uint64_t{n} * sizeof(uint32_t) != r.left()) {
+    return std::nullopt;
+  }
+  m.indices.resize(n);
+  if (!r.Bytes(m.indices.data(), n * sizeof(uint32_t))) return std::nullopt;
+  return m;
+}
+inline std::optional<PutRequest> DecodePutRequest(std::span<const std::byte> in) {
+  internal::Reader r(in);
+  PutRequest m;
+  uint32_t n = 0;
+  if (!r.Get(m.request_id) || !r.Get(m.reservation_id) || !r.Get(n) || uint64_t{n} * sizeof(uint32_t) != r.left()) {
+    return std::nullopt;
+  }
+  m.indices.resize(n);
+  if (!r.Bytes(m.indices.data(), n * sizeof(uint32_t))) return std::nullopt;
+  return m;
+}
+inline std::optional<PutDone> DecodePutDone(std::span<const std::byte> in) {
+  internal::Reader r(in);
+  PutDone m;
+  uint32_t n = 0;
+  if (!r.Get(m.request_id) || !r.Get(n) || n != r.left()) return std::nullopt;
+  m.ok.resize(n);
+  if (!r.Bytes(m.ok.data(), n)) return std::nullopt;
+  return m;
+}
+
+}  // namespace kvtier::wire::ucx
+
+#endif  // KVTIER_WIRE_UCX_MESSAGES_H_

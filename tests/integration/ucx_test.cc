@@ -1,0 +1,382 @@
+// The UCX bulk data plane: in-process and real-process servers with a UCX listener on 127.0.0.1:0,
+// talked to through the real client library (ctest sets UCX_NET_DEVICES=lo).
+#include <signal.h>
+
+#include <chrono>
+#include <cstring>
+#include <future>
+#include <thread>
+#include <vector>
+
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+
+#include "kvtier/client/client.h"
+#include "kvtier/common/fingerprint.h"
+#include "kvtier/server/server.h"
+#include "kvtier/v1/admin.grpc.pb.h"
+#include "kvtier/wire/wire.h"
+#include "testing/server_process.h"
+#include "testing/status_matchers.h"
+
+namespace kvtier {
+namespace {
+
+using client::Client;
+using client::ClientOptions;
+using client::GetResult;
+using client::PutResult;
+
+// A layout whose shard is exactly `bytes` long: MLA, fp8 (1 byte per value), one layer, one token.
+Namespace NamespaceOfBlockBytes(uint64_t bytes, const std::string& model = "ucx-test") {
+  Namespace ns;
+  ns.tenant = "acme";
+  ns.model = model;
+  ns.layout = {.kind = LayoutKind::kMla, .dtype = DType::kFp8E4m3, .num_layers = 1,
+               .latent_dim = static_cast<uint32_t>(bytes), .block_tokens = 1, .tp_size = 1};
+  return ns;
+}
+
+std::vector<Fingerprint> Fingerprints(const Namespace& ns, size_t n, uint32_t seed = 7) {
+  std::vector<uint32_t> tokens(n * ns.layout.block_tokens);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint32_t>(i * 2654435761u ^ seed) % 32000;
+  auto fps = ChainFingerprints(ns, tokens);
+  EXPECT_TRUE(fps.ok());
+  return fps.ok() ? *fps : std::vector<Fingerprint>{};
+}
+
+// Bytes derived from the fingerprint (xorshift), so every block differs and any mix-up shows.
+std::vector<std::byte> BlockBytes(const Fingerprint& fp, uint64_t size) {
+  std::vector<std::byte> b(size);
+  uint64_t x = fp.RingPosition() | 1;
+  size_t i = 0;
+  for (; i + 8 <= size; i += 8) {
+    x ^= x << 13; x ^= x >> 7; x ^= x << 17;
+    std::memcpy(&b[i], &x, 8);
+  }
+  for (; i < size; ++i) b[i] = static_cast<std::byte>(x >> (8 * (i % 8)));
+  return b;
+}
+
+v1::GetStatsResponse Stats(const std::string& address) {
+  auto stub = v1::AdminService::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  v1::GetStatsResponse resp;
+  EXPECT_TRUE(stub->GetStats(&ctx, v1::GetStatsRequest(), &resp).ok());
+  return resp;
+}
+
+struct Blocks {
+  std::vector<std::vector<std::byte>> data;
+  std::vector<std::span<const std::byte>> views;
+};
+Blocks MakeBlocks(std::span<const Fingerprint> fps, uint64_t size) {
+  Blocks b;
+  for (const auto& fp : fps) b.data.push_back(BlockBytes(fp, size));
+  for (const auto& d : b.data) b.views.emplace_back(d);
+  return b;
+}
+
+// Puts every block, then gets them into fresh buffers and checks every byte.
+void PutThenGetEveryByte(Client& c, const Namespace& ns, std::span<const Fingerprint> fps) {
+  const uint64_t size = ns.layout.ShardBytes();
+  Blocks in = MakeBlocks(fps, size);
+  auto put = c.Put(ns, fps, 0, in.views);
+  ASSERT_OK(put);
+  for (size_t i = 0; i < put->size(); ++i) {
+    EXPECT_TRUE((*put)[i] == PutResult::kStored || (*put)[i] == PutResult::kAlreadyPresent)
+        << "block " << i << ": " << client::PutResultName((*put)[i]);
+  }
+  std::vector<std::vector<std::byte>> out(fps.size(), std::vector<std::byte>(size));
+  std::vector<std::span<std::byte>> views(out.begin(), out.end());
+  auto got = c.Get(ns, fps, 0, views);
+  ASSERT_OK(got);
+  for (size_t i = 0; i < fps.size(); ++i) {
+    EXPECT_EQ((*got)[i], GetResult::kHit) << "block " << i << " of " << size << " bytes";
+    EXPECT_TRUE(out[i] == in.data[i]) << "block " << i << " of " << size << " bytes differs";
+  }
+}
+
+// In-process server with UCX on 127.0.0.1:0; the parameter is UCX_TLS of both sides.
+class UcxInProcessTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  void StartServer(uint64_t host_bytes = 256ULL << 20, uint64_t slab_bytes = 64ULL << 20,
+                   uint64_t max_block_bytes = 64ULL << 20) {
+    auto s = server::Server::Start({.node_id = "node-a", .metrics_address = "", .host_cache_bytes = host_bytes,
+                                    .slab_bytes = slab_bytes, .max_block_bytes = max_block_bytes,
+                                    .ucx_listen_address = "127.0.0.1:0", .ucx_transports = GetParam()});
+    ASSERT_OK(s);
+    server_ = std::move(s).value();
+    ASSERT_GT(server_->ucx_port(), 0);
+  }
+  std::unique_ptr<Client> Connect(const std::string& transport = "ucx", uint64_t max_block_bytes = 64ULL << 20,
+                                  absl::Duration timeout = absl::Seconds(5)) {
+    auto c = Client::Connect({.members = {Address()}, .rpc_timeout = timeout, .max_block_bytes = max_block_bytes,
+                              .transport = transport, .ucx_transports = GetParam()});
+    EXPECT_TRUE(c.ok()) << c.status();
+    return c.ok() ? std::move(c).value() : nullptr;
+  }
+  std::string Address() const { return "127.0.0.1:" + std::to_string(server_->grpc_port()); }
+
+  std::unique_ptr<server::Server> server_;
+};
+
+TEST_P(UcxInProcessTest, PutThenGetRoundTripsOverUcx) {
+  StartServer();
+  auto c = Connect("auto");
+  ASSERT_NE(c, nullptr);
+  ASSERT_EQ(c->members().size(), 1u);
+  EXPECT_EQ(c->members()[0].transport, "ucx");
+  const Namespace ns = NamespaceOfBlockBytes(256 << 10);
+  const auto fps = Fingerprints(ns, 16);
+  PutThenGetEveryByte(*c, ns, fps);
+  const uint64_t bytes = 16ULL * (256 << 10);
+  const auto st = Stats(Address());
+  EXPECT_EQ(st.ucx_write_bytes(), bytes);
+  EXPECT_EQ(st.ucx_read_bytes(), bytes);
+  EXPECT_EQ(st.grpc_write_bytes(), 0u);
+  EXPECT_EQ(st.grpc_read_bytes(), 0u);
+  EXPECT_EQ(st.active_leases(), 0u);  // the server released the lease after its sends
+  EXPECT_EQ(c->stats().ucx_get_blocks.load(), 16u);
+  EXPECT_EQ(c->stats().ucx_put_blocks.load(), 16u);
+  EXPECT_EQ(c->stats().misses_from_errors.load(), 0u);
+  EXPECT_EQ(c->stats().rpc_errors.load(), 0u);
+  EXPECT_EQ(c->stats().ucx_connects.load(), 1u);  // one endpoint, reused by every call
+}
+
+TEST_P(UcxInProcessTest, MissesAndHitsMixInOneBatch) {
+  StartServer();
+  auto c = Connect();
+  ASSERT_NE(c, nullptr);
+  const Namespace ns = NamespaceOfBlockBytes(64 << 10);
+  const auto fps = Fingerprints(ns, 6);
+  const std::vector<Fingerprint> stored = {fps[0], fps[2], fps[5]};
+  Blocks in = MakeBlocks(stored, 64 << 10);
+  ASSERT_OK(c->Put(ns, stored, 0, in.views));
+  std::vector<std::vector<std::byte>> out(6, std::vector<std::byte>(64 << 10));
+  std::vector<std::span<std::byte>> views(out.begin(), out.end());
+  auto got = c->Get(ns, fps, 0, views);
+  ASSERT_OK(got);
+  const std::vector<GetResult> want = {GetResult::kHit, GetResult::kMiss, GetResult::kHit,
+                                       GetResult::kMiss, GetResult::kMiss, GetResult::kHit};
+  EXPECT_EQ(*got, want);
+  EXPECT_TRUE(out[2] == in.data[1]);
+  EXPECT_TRUE(out[5] == in.data[2]);
+  EXPECT_EQ(c->stats().misses_from_errors.load(), 0u);
+}
+
+TEST_P(UcxInProcessTest, BlocksAroundTheGrpcMessageLimitRoundTrip) {
+  StartServer(/*host_bytes=*/512ULL << 20);
+  auto c = Connect();
+  ASSERT_NE(c, nullptr);
+  for (uint64_t size : {(4ULL << 20) - 1, 4ULL << 20, (4ULL << 20) + 1, 64ULL << 20}) {
+    const Namespace ns = NamespaceOfBlockBytes(size, "m" + std::to_string(size));
+    const auto fps = Fingerprints(ns, size > (8ULL << 20) ? 2 : 3);
+    PutThenGetEveryByte(*c, ns, fps);
+  }
+  const auto st = Stats(Address());
+  EXPECT_EQ(st.grpc_read_bytes() + st.grpc_write_bytes(), 0u);
+  EXPECT_EQ(c->stats().misses_from_errors.load(), 0u);
+}
+
+TEST_P(UcxInProcessTest, BlocksAboveTheLimitAreRefusedUpFront) {
+  StartServer();
+  auto c = Connect();
+  ASSERT_NE(c, nullptr);
+  const Namespace ns = NamespaceOfBlockBytes((64ULL << 20) + 1);
+  const auto fps = Fingerprints(ns, 1);
+  std::vector<std::byte> b(ns.layout.ShardBytes());
+  std::vector<std::span<const std::byte>> in = {b};
+  std::vector<std::span<std::byte>> out = {b};
+  EXPECT_EQ(c->Put(ns, fps, 0, in).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(c->Get(ns, fps, 0, out).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Stats(Address()).read_blocks() + Stats(Address()).committed_blocks(), 0u);  // nothing was sent
+}
+
+TEST_P(UcxInProcessTest, OneGibBlockRoundTrips) {
+  // 1 GiB in the server's host tier plus 2 GiB of client buffers: about 9 s here, so over one transport.
+  if (GetParam() == "tcp") GTEST_SKIP() << "runs over shared memory only (time)";
+  StartServer(/*host_bytes=*/1ULL << 30, /*slab_bytes=*/1ULL << 30, /*max_block_bytes=*/1ULL << 30);
+  auto c = Connect("ucx", 1ULL << 30, absl::Seconds(60));
+  ASSERT_NE(c, nullptr);
+  const Namespace ns = NamespaceOfBlockBytes(1ULL << 30);
+  const auto fps = Fingerprints(ns, 1);
+  PutThenGetEveryByte(*c, ns, fps);
+  EXPECT_EQ(Stats(Address()).ucx_read_bytes(), 1ULL << 30);
+}
+
+TEST_P(UcxInProcessTest, ServerStoppedMidTransferGivesMissesWithinTheDeadline) {
+  StartServer(/*host_bytes=*/1ULL << 30);
+  const absl::Duration timeout = absl::Seconds(2);
+  auto c = Connect("ucx", 64ULL << 20, timeout);
+  ASSERT_NE(c, nullptr);
+  const Namespace ns = NamespaceOfBlockBytes(16ULL << 20);
+  const auto fps = Fingerprints(ns, 24);  // 384 MiB per Get
+  Blocks in = MakeBlocks(fps, 16ULL << 20);
+  ASSERT_OK(c->Put(ns, fps, 0, in.views));
+  std::vector<std::vector<std::byte>> out(fps.size(), std::vector<std::byte>(16ULL << 20));
+  std::vector<std::span<std::byte>> views(out.begin(), out.end());
+  std::atomic<bool> stop{false};
+  std::atomic<int> calls{0};
+  auto getter = std::async(std::launch::async, [&] {
+    absl::Duration slowest;
+    while (!stop.load()) {
+      const absl::Time start = absl::Now();
+      auto got = c->Get(ns, fps, 0, views);
+      slowest = std::max(slowest, absl::Now() - start);
+      EXPECT_OK(got);
+      if (!got.ok()) break;
+      for (size_t i = 0; i < got->size(); ++i) {
+        EXPECT_TRUE((*got)[i] == GetResult::kHit || (*got)[i] == GetResult::kMissFromError);
+        if ((*got)[i] == GetResult::kHit) EXPECT_TRUE(out[i] == in.data[i]);
+      }
+      calls.fetch_add(1);
+    }
+    return slowest;
+  });
+  while (calls.load() < 2) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  server_->Shutdown();  // mid-transfer, most likely
+  const int before = calls.load();
+  while (calls.load() < before + 2) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  stop = true;
+  const absl::Duration slowest = getter.get();
+  // rpc_timeout for the lease and the transfer together, plus the cancel and close grace.
+  EXPECT_LT(slowest, timeout + absl::Milliseconds(1500));
+  EXPECT_GT(c->stats().misses_from_errors.load(), 0u);
+}
+
+TEST_P(UcxInProcessTest, ClientWithGrpcTransportMovesNothingOverUcx) {
+  StartServer();
+  auto c = Connect("grpc");
+  ASSERT_NE(c, nullptr);
+  EXPECT_EQ(c->members()[0].transport, "grpc");
+  const Namespace ns = NamespaceOfBlockBytes(128 << 10);
+  PutThenGetEveryByte(*c, ns, Fingerprints(ns, 4));
+  const auto st = Stats(Address());
+  EXPECT_EQ(st.ucx_read_bytes() + st.ucx_write_bytes(), 0u);
+  EXPECT_EQ(st.grpc_read_bytes(), 4ULL * (128 << 10));
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, UcxInProcessTest, ::testing::Values("tcp", "tcp,shm"),
+                         [](const auto& info) { return info.param == "tcp" ? "Tcp" : "SharedMemory"; });
+
+TEST(UcxFallbackTest, ServerWithoutUcxIsServedOverGrpc) {
+  auto s = server::Server::Start({.node_id = "node-a", .metrics_address = "", .host_cache_bytes = 64ULL << 20});
+  ASSERT_OK(s);
+  const std::string address = "127.0.0.1:" + std::to_string((*s)->grpc_port());
+  auto c = Client::Connect({.members = {address}, .transport = "auto"});
+  ASSERT_OK(c);
+  EXPECT_EQ((*c)->members()[0].transport, "grpc");
+  const Namespace ns = NamespaceOfBlockBytes(96 << 10);
+  const auto fps = Fingerprints(ns, 4);
+  PutThenGetEveryByte(**c, ns, fps);
+  EXPECT_EQ((*c)->stats().misses_from_errors.load(), 0u);
+  const auto st = Stats(address);
+  EXPECT_EQ(st.grpc_read_bytes(), 4ULL * (96 << 10));
+  EXPECT_EQ(st.ucx_read_bytes(), 0u);
+
+  // Insisting on UCX: the member's blocks are errors, counted, never a hang or a fallback.
+  auto strict = Client::Connect({.members = {address}, .transport = "ucx"});
+  ASSERT_OK(strict);
+  EXPECT_EQ((*strict)->members()[0].transport, "none");
+  std::vector<std::vector<std::byte>> out(fps.size(), std::vector<std::byte>(96 << 10));
+  std::vector<std::span<std::byte>> views(out.begin(), out.end());
+  auto got = (*strict)->Get(ns, fps, 0, views);
+  ASSERT_OK(got);
+  for (GetResult r : *got) EXPECT_EQ(r, GetResult::kMissFromError);
+  EXPECT_EQ((*strict)->stats().misses_from_errors.load(), fps.size());
+}
+
+// Real kvtier-server processes: kill -9 mid-transfer, restart, reconnect.
+class UcxProcessTest : public ::testing::Test {
+ protected:
+  static absl::StatusOr<std::unique_ptr<testing::ServerProcess>> StartNode(const std::string& node_id,
+                                                                          int grpc_port = 0) {
+    return testing::ServerProcess::Start(
+        node_id, {"--ucx_listen_address=127.0.0.1:0", "--host_cache_bytes=536870912",
+                  absl::StrCat("--listen_address=127.0.0.1:", grpc_port)});
+  }
+};
+
+TEST_F(UcxProcessTest, EndpointIsReusedAndReconnectsAfterARestart) {
+  auto node = StartNode("node-r");
+  ASSERT_OK(node);
+  ASSERT_GT((*node)->ucx_port(), 0);
+  const int grpc_port = (*node)->grpc_port();
+  const std::string address = (*node)->address();
+  auto c = Client::Connect({.members = {"node-r=" + address}, .rpc_timeout = absl::Seconds(2),
+                            .transport = "ucx", .ucx_reconnect_backoff = absl::Milliseconds(200)});
+  ASSERT_OK(c);
+  Client& cl = **c;
+  const Namespace ns = NamespaceOfBlockBytes(1 << 20);
+  const auto fps = Fingerprints(ns, 8);
+  for (int round = 0; round < 5; ++round) PutThenGetEveryByte(cl, ns, fps);
+  EXPECT_EQ(cl.stats().ucx_connects.load(), 1u);  // five rounds of puts and gets, one endpoint
+  EXPECT_EQ(cl.members()[0].transport, "ucx");
+
+  // Kill it, then ask: misses from error, within the deadline.
+  (*node)->KillAndWait(SIGKILL);
+  node->reset();
+  std::vector<std::vector<std::byte>> out(fps.size(), std::vector<std::byte>(1 << 20));
+  std::vector<std::span<std::byte>> views(out.begin(), out.end());
+  const absl::Time start = absl::Now();
+  auto got = cl.Get(ns, fps, 0, views);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(2) + absl::Milliseconds(1500));
+  ASSERT_OK(got);
+  for (GetResult r : *got) EXPECT_EQ(r, GetResult::kMissFromError);
+  EXPECT_EQ(cl.members()[0].transport, "none");  // dropped; reconnects after the backoff
+
+  // Restart on the same gRPC port (the UCX port is new: the client asks GetInfo when it reconnects).
+  auto again = StartNode("node-r", grpc_port);
+  ASSERT_OK(again);
+  std::this_thread::sleep_for(std::chrono::milliseconds(250));  // past the reconnect backoff
+  PutThenGetEveryByte(cl, ns, fps);
+  EXPECT_EQ(cl.stats().ucx_connects.load(), 2u);
+  EXPECT_EQ(cl.members()[0].transport, "ucx");
+  EXPECT_GT(Stats(address).ucx_read_bytes(), 0u);
+}
+
+TEST_F(UcxProcessTest, ServerKilledMidTransferGivesMissesWithinTheDeadline) {
+  auto node = StartNode("node-k");
+  ASSERT_OK(node);
+  const absl::Duration timeout = absl::Seconds(2);
+  auto c = Client::Connect({.members = {(*node)->address()}, .rpc_timeout = timeout, .transport = "ucx"});
+  ASSERT_OK(c);
+  const Namespace ns = NamespaceOfBlockBytes(8ULL << 20);
+  const auto fps = Fingerprints(ns, 48);  // 384 MiB per Get
+  Blocks in = MakeBlocks(fps, 8ULL << 20);
+  ASSERT_OK((*c)->Put(ns, fps, 0, in.views));
+  std::vector<std::vector<std::byte>> out(fps.size(), std::vector<std::byte>(8ULL << 20));
+  std::vector<std::span<std::byte>> views(out.begin(), out.end());
+  std::atomic<bool> stop{false};
+  std::atomic<int> calls{0};
+  auto getter = std::async(std::launch::async, [&] {
+    absl::Duration slowest;
+    while (!stop.load()) {
+      const absl::Time start = absl::Now();
+      auto got = (*c)->Get(ns, fps, 0, views);
+      slowest = std::max(slowest, absl::Now() - start);
+      EXPECT_OK(got);
+      if (!got.ok()) break;
+      for (size_t i = 0; i < got->size(); ++i) {
+        EXPECT_TRUE((*got)[i] == GetResult::kHit || (*got)[i] == GetResult::kMissFromError);
+        if ((*got)[i] == GetResult::kHit) EXPECT_TRUE(out[i] == in.data[i]);
+      }
+      calls.fetch_add(1);
+    }
+    return slowest;
+  });
+  while (calls.load() < 2) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  (*node)->KillAndWait(SIGKILL);
+  const int before = calls.load();
+  while (calls.load() < before + 2) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  stop = true;
+  EXPECT_LT(getter.get(), timeout + absl::Milliseconds(1500));
+  EXPECT_GT((*c)->stats().misses_from_errors.load(), 0u);
+}
+
+}  // namespace
+}  // namespace kvtier
