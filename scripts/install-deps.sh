@@ -11,8 +11,10 @@ PACKAGES=(
   libgtest-dev googletest libgmock-dev libbenchmark-dev
   libyaml-cpp-dev libspdlog-dev libxxhash-dev libssl-dev prometheus-cpp-dev libcli11-dev nlohmann-json3-dev
   curl procps
+  python3-dev python3-pybind11 python3-numpy python3-pip python3-setuptools python3-wheel  # bindings/python
   clang libclang-rt-14-dev
 )
+fi
 
 missing=()
 for p in "${PACKAGES[@]}"; do

@@ -1,0 +1,235 @@
+/*
+ * A C11 program that uses only kvtier/kvtier.h and libkvtier: it round-trips KV blocks through a running
+ * cluster and checks the error paths. Usage: kvtier_c_api_test HOST:PORT [HOST:PORT...]
+ * Exits 0 when every check passed, 1 otherwise (each failure is printed). c_api_driver_test.cc starts
+ * the servers and runs it.
+ */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kvtier/kvtier.h"
+
+static int g_failures = 0;
+
+#define CHECK(cond, ...)                                                     \
+  do {                                                                       \
+    if (!(cond)) {                                                           \
+      ++g_failures;                                                          \
+      fprintf(stderr, "%s:%d: CHECK(%s) failed: ", __FILE__, __LINE__, #cond); \
+      fprintf(stderr, __VA_ARGS__);                                          \
+      fprintf(stderr, "\n");                                                 \
+    }                                                                        \
+  } while (0)
+
+#define CHECK_OK(call)                                                                 \
+  do {                                                                                 \
+    kvtier_status_code rc_ = (call);                                                   \
+    CHECK(rc_ == KVTIER_OK, "%s returned %s: %s", #call, kvtier_status_code_name(rc_), \
+          kvtier_last_error_message());                                                \
+  } while (0)
+
+/* Deterministic block contents: a function of (block, shard, byte). */
+static void fill_block(uint8_t* p, uint64_t n, uint32_t block, uint32_t shard) {
+  uint64_t i;
+  for (i = 0; i < n; ++i) p[i] = (uint8_t)((block * 131u + shard * 17u + i * 7u + (i >> 8)) & 0xFF);
+}
+
+static kvtier_namespace_t* make_namespace(const char* model, uint32_t tp_size) {
+  kvtier_kv_layout_t layout;
+  kvtier_namespace_t* ns = NULL;
+  kvtier_error_t err;
+  kvtier_kv_layout_init(&layout);
+  layout.num_layers = 2;
+  layout.num_kv_heads = 4;
+  layout.head_dim = 32;
+  layout.block_tokens = 16;
+  layout.tp_size = tp_size;
+  if (kvtier_namespace_create("c-api-test", model, NULL, &layout, &ns, &err) != KVTIER_OK) {
+    fprintf(stderr, "kvtier_namespace_create: %s: %s\n", kvtier_status_code_name(err.code), err.message);
+    exit(1);
+  }
+  return ns;
+}
+
+static void check_error_paths(void) {
+  kvtier_kv_layout_t layout;
+  kvtier_namespace_t* ns = (kvtier_namespace_t*)1;
+  kvtier_error_t err;
+  kvtier_client_options_t options;
+  kvtier_client_t* client = (kvtier_client_t*)1;
+  kvtier_status_code rc;
+
+  kvtier_kv_layout_init(&layout);
+  layout.num_layers = 2;
+  layout.num_kv_heads = 4;
+  layout.head_dim = 0; /* invalid */
+  rc = kvtier_namespace_create("t", "m", "rev", &layout, &ns, &err);
+  CHECK(rc == KVTIER_INVALID_ARGUMENT, "got %s", kvtier_status_code_name(rc));
+  CHECK(err.code == KVTIER_INVALID_ARGUMENT, "err.code %d", (int)err.code);
+  CHECK(strstr(err.message, "head_dim") != NULL, "message \"%s\" should name head_dim", err.message);
+  CHECK(strcmp(kvtier_last_error_message(), err.message) == 0, "last error \"%s\"", kvtier_last_error_message());
+  CHECK(kvtier_last_error_code() == KVTIER_INVALID_ARGUMENT, "last code %d", (int)kvtier_last_error_code());
+  CHECK(ns == NULL, "a failed create leaves *out NULL");
+
+  /* A struct that was not initialized is rejected, not misread. */
+  memset(&layout, 0, sizeof(layout));
+  rc = kvtier_namespace_create("t", "m", NULL, &layout, &ns, NULL);
+  CHECK(rc == KVTIER_INVALID_ARGUMENT, "uninitialized layout: got %s", kvtier_status_code_name(rc));
+  CHECK(strstr(kvtier_last_error_message(), "struct_size") != NULL, "message \"%s\"", kvtier_last_error_message());
+
+  kvtier_client_options_init(&options);
+  CHECK(options.rpc_timeout_ms == 2000, "default rpc_timeout_ms %u", options.rpc_timeout_ms);
+  rc = kvtier_client_connect(&options, &client, &err); /* no members */
+  CHECK(rc == KVTIER_INVALID_ARGUMENT, "no members: got %s", kvtier_status_code_name(rc));
+  CHECK(strstr(err.message, "members") != NULL, "message \"%s\"", err.message);
+  CHECK(client == NULL, "a failed connect leaves *out NULL");
+
+  CHECK(strcmp(kvtier_status_code_name(KVTIER_UNAVAILABLE), "UNAVAILABLE") == 0, "code names");
+  CHECK(strcmp(kvtier_status_code_name((kvtier_status_code)99), "UNKNOWN_CODE") == 0, "unknown code name");
+  kvtier_namespace_free(NULL);
+  kvtier_client_close(NULL);
+}
+
+int main(int argc, char** argv) {
+  enum { kTokens = 16 * 24 + 5, kBlocks = 24, kStored = 16 };
+  uint32_t tokens[kTokens];
+  uint8_t fps[kBlocks * KVTIER_FINGERPRINT_BYTES];
+  uint8_t lora_fps[kBlocks * KVTIER_FINGERPRINT_BYTES];
+  uint8_t present[kBlocks];
+  kvtier_get_result get_results[kBlocks];
+  kvtier_put_result put_results[kBlocks];
+  void* buffers[kBlocks];
+  const void* blocks[kBlocks];
+  uint8_t* expected[kBlocks];
+  kvtier_client_options_t options;
+  kvtier_client_t* client = NULL;
+  kvtier_namespace_t* ns;
+  kvtier_namespace_t* ns_tp2;
+  kvtier_extra_keys_t extra;
+  kvtier_client_stats_t stats;
+  kvtier_error_t err;
+  kvtier_status_code rc;
+  size_t count = 0, i;
+  uint32_t prefix = 99, hits = 0, from_errors = 99;
+  uint64_t block_bytes;
+
+  if (argc < 2) {
+    fprintf(stderr, "usage: %s HOST:PORT [HOST:PORT...]\n", argv[0]);
+    return 2;
+  }
+  printf("kvtier %s, %d member(s)\n", kvtier_version(), argc - 1);
+  check_error_paths();
+
+  ns = make_namespace("c-api/model", 1);
+  block_bytes = kvtier_namespace_block_bytes(ns);
+  CHECK(block_bytes == 2u * 2u * 16u * 4u * 32u * 2u, "block_bytes %llu", (unsigned long long)block_bytes);
+  CHECK(kvtier_namespace_block_tokens(ns) == 16, "block_tokens");
+  CHECK(kvtier_namespace_id(ns) != 0, "namespace id");
+
+  for (i = 0; i < kTokens; ++i) tokens[i] = (uint32_t)((i * 2654435761u) % 50000u);
+  /* Too small an output buffer: OUT_OF_RANGE, and the count needed. */
+  rc = kvtier_fingerprint_tokens(ns, tokens, kTokens, NULL, fps, 1, &count, &err);
+  CHECK(rc == KVTIER_OUT_OF_RANGE, "capacity 1: got %s", kvtier_status_code_name(rc));
+  CHECK(count == kBlocks, "needed %zu", count);
+  CHECK_OK(kvtier_fingerprint_tokens(ns, tokens, kTokens, NULL, fps, kBlocks, &count, NULL));
+  CHECK(count == kBlocks, "a partial last block gets no fingerprint: %zu", count);
+  /* Extra keys change every fingerprint. */
+  memset(&extra, 0, sizeof(extra));
+  extra.lora_adapter_id = "adapter-a";
+  extra.lora_version = 3;
+  CHECK_OK(kvtier_fingerprint_tokens(ns, tokens, kTokens, &extra, lora_fps, kBlocks, &count, NULL));
+  for (i = 0; i < kBlocks; ++i) {
+    CHECK(memcmp(fps + i * 32, lora_fps + i * 32, 32) != 0, "lora fingerprint %zu equals the base one", i);
+  }
+
+  kvtier_client_options_init(&options);
+  options.members = (const char* const*)(argv + 1);
+  options.num_members = (size_t)(argc - 1);
+  options.rpc_timeout_ms = 5000;
+  rc = kvtier_client_connect(&options, &client, &err);
+  if (rc != KVTIER_OK) {
+    fprintf(stderr, "kvtier_client_connect: %s: %s\n", kvtier_status_code_name(rc), err.message);
+    return 1;
+  }
+
+  CHECK_OK(kvtier_lookup_prefix(client, ns, fps, kBlocks, &prefix, present, &from_errors, NULL));
+  CHECK(prefix == 0, "empty cluster: prefix %u", prefix);
+  CHECK(from_errors == 0, "blocks from errors %u", from_errors);
+
+  for (i = 0; i < kBlocks; ++i) {
+    expected[i] = (uint8_t*)malloc(block_bytes);
+    buffers[i] = malloc(block_bytes);
+    fill_block(expected[i], block_bytes, (uint32_t)i, 0);
+    memset(buffers[i], 0xEE, block_bytes);
+    blocks[i] = expected[i];
+  }
+  CHECK_OK(kvtier_put(client, ns, fps, kStored, 0, blocks, block_bytes, 0, put_results, NULL));
+  for (i = 0; i < kStored; ++i) CHECK(put_results[i] == KVTIER_PUT_STORED, "put %zu: %d", i, (int)put_results[i]);
+
+  CHECK_OK(kvtier_lookup_prefix(client, ns, fps, kBlocks, &prefix, present, NULL, NULL));
+  CHECK(prefix == kStored, "prefix %u, want %d", prefix, kStored);
+  for (i = 0; i < kBlocks; ++i) CHECK(present[i] == (i < kStored), "present[%zu] = %u", i, present[i]);
+
+  CHECK_OK(kvtier_get(client, ns, fps, kBlocks, 0, buffers, block_bytes, get_results, &hits, NULL));
+  CHECK(hits == kStored, "hits %u", hits);
+  for (i = 0; i < kBlocks; ++i) {
+    if (i < kStored) {
+      CHECK(get_results[i] == KVTIER_GET_HIT, "get %zu: %d", i, (int)get_results[i]);
+      CHECK(memcmp(buffers[i], expected[i], block_bytes) == 0, "block %zu bytes differ", i);
+    } else {
+      CHECK(get_results[i] == KVTIER_GET_MISS, "get %zu: %d, want MISS", i, (int)get_results[i]);
+    }
+  }
+
+  /* Storing again: already present. Storing the rest continues the chain at index kStored. */
+  CHECK_OK(kvtier_put(client, ns, fps, 2, 0, blocks, block_bytes, 0, put_results, NULL));
+  CHECK(put_results[0] == KVTIER_PUT_ALREADY_PRESENT, "re-put: %d", (int)put_results[0]);
+  CHECK_OK(kvtier_put(client, ns, fps + kStored * 32, kBlocks - kStored, 0, blocks + kStored, block_bytes, kStored,
+                      NULL, NULL));
+  CHECK_OK(kvtier_lookup_prefix(client, ns, fps, kBlocks, &prefix, NULL, NULL, NULL));
+  CHECK(prefix == kBlocks, "prefix after the rest: %u", prefix);
+
+  /* Wrong buffer size and shard out of range: INVALID_ARGUMENT with the sizes in the message. */
+  rc = kvtier_get(client, ns, fps, 1, 0, buffers, block_bytes - 1, get_results, NULL, &err);
+  CHECK(rc == KVTIER_INVALID_ARGUMENT, "short buffer: %s", kvtier_status_code_name(rc));
+  printf("short buffer -> %s: %s\n", kvtier_status_code_name(rc), err.message);
+  rc = kvtier_get(client, ns, fps, 1, 1, buffers, block_bytes, get_results, NULL, &err);
+  CHECK(rc == KVTIER_INVALID_ARGUMENT, "shard 1 of tp 1: %s", kvtier_status_code_name(rc));
+
+  /* Tensor parallel: a block counts only when every shard is stored. */
+  ns_tp2 = make_namespace("c-api/model-tp2", 2);
+  CHECK(kvtier_namespace_block_bytes(ns_tp2) == block_bytes / 2, "tp2 shard bytes");
+  CHECK_OK(kvtier_fingerprint_tokens(ns_tp2, tokens, 16 * 4, NULL, fps, kBlocks, &count, NULL));
+  CHECK(count == 4, "tp2 count %zu", count);
+  CHECK_OK(kvtier_put(client, ns_tp2, fps, 4, 0, blocks, block_bytes / 2, 0, NULL, NULL));
+  CHECK_OK(kvtier_lookup_prefix(client, ns_tp2, fps, 4, &prefix, NULL, NULL, NULL));
+  CHECK(prefix == 0, "only shard 0 stored: prefix %u", prefix);
+  CHECK_OK(kvtier_put(client, ns_tp2, fps, 4, 1, blocks + 4, block_bytes / 2, 0, NULL, NULL));
+  CHECK_OK(kvtier_lookup_prefix(client, ns_tp2, fps, 4, &prefix, NULL, NULL, NULL));
+  CHECK(prefix == 4, "both shards stored: prefix %u", prefix);
+  CHECK_OK(kvtier_get(client, ns_tp2, fps, 4, 1, buffers, block_bytes / 2, get_results, &hits, NULL));
+  CHECK(hits == 4 && memcmp(buffers[0], expected[4], block_bytes / 2) == 0, "tp2 shard 1 bytes");
+
+  memset(&stats, 0, sizeof(stats));
+  stats.struct_size = sizeof(stats);
+  CHECK_OK(kvtier_client_stats(client, &stats, NULL));
+  CHECK(stats.lookups == 5, "lookups %llu", (unsigned long long)stats.lookups);
+  CHECK(stats.retrieve_hit_blocks == kStored + 4, "retrieve hits %llu", (unsigned long long)stats.retrieve_hit_blocks);
+  CHECK(stats.put_stored_blocks == kBlocks + 8, "stored %llu", (unsigned long long)stats.put_stored_blocks);
+  CHECK(stats.misses_from_errors == 0, "misses from errors %llu", (unsigned long long)stats.misses_from_errors);
+  printf("stats: lookups=%llu prefix_hit_blocks=%llu retrieve_hit_bytes=%llu put_stored_bytes=%llu\n",
+         (unsigned long long)stats.lookups, (unsigned long long)stats.prefix_hit_blocks,
+         (unsigned long long)stats.retrieve_hit_bytes, (unsigned long long)stats.put_stored_bytes);
+
+  for (i = 0; i < kBlocks; ++i) {
+    free(expected[i]);
+    free(buffers[i]);
+  }
+  kvtier_namespace_free(ns_tp2);
+  kvtier_namespace_free(ns);
+  kvtier_client_close(client);
+  printf("%s: %d failure(s)\n", g_failures == 0 ? "PASS" : "FAIL", g_failures);
+  return g_failures == 0 ? 0 : 1;
+}
