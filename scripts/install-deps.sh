@@ -14,6 +14,12 @@ PACKAGES=(
   python3-dev python3-pybind11 python3-numpy python3-pip python3-setuptools python3-wheel  # bindings/python
   clang libclang-rt-14-dev
 )
+# tests/deploy: promtool (Debian's prometheus package) checks /metrics and deploy/prometheus; node and npm
+# install kubernetes-models to validate deploy/k8s. KVTIER_DEPS_TEST_TOOLS=0 leaves them out (the image
+# build in deploy/docker). nodejs from NodeSource ships npm itself and conflicts with Debian's npm.
+if [[ ${KVTIER_DEPS_TEST_TOOLS:-1} != 0 ]]; then
+  PACKAGES+=(prometheus)
+  if ! command -v npm >/dev/null 2>&1; then PACKAGES+=(nodejs npm); fi
 fi
 
 missing=()

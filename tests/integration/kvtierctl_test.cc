@@ -1,5 +1,6 @@
 // kvtierctl as a real process against a real 3-process cluster: status (table and JSON), stats after
-// puts and lookups made with the client library, a killed member, and usage errors.
+// puts and lookups made with the client library, ls, inspect, lookup, evict, drain, verify, a killed
+// member, and usage errors. (Corruption found by verify: kvtierctl_verify_test.cc.)
 #include <sys/wait.h>
 
 #include <cstdio>
@@ -17,38 +18,19 @@
 #include "absl/strings/str_join.h"
 #include "kvtier/client/client.h"
 #include "kvtier/common/fingerprint.h"
+#include "kvtierctl_runner.h"
 #include "testing/server_process.h"
 #include "testing/status_matchers.h"
 
 namespace kvtier {
 namespace {
 
+using testing::CtlResult;
+using testing::ParseJson;
+using testing::RunCtl;
 using testing::ServerProcess;
 
 constexpr uint64_t kHostCacheBytes = 64ULL << 20;  // what ServerProcess gives each server
-
-struct CtlResult {
-  int exit_code = -1;
-  std::string output;
-};
-
-// Runs `kvtierctl args` (through the shell) and returns its exit code and stdout, plus stderr when
-// `with_stderr`.
-CtlResult RunCtl(const std::string& args, bool with_stderr = false) {
-  const std::string cmd = absl::StrCat("env -u KVTIER_MEMBERS ", testing::BinaryDir(), "/cli/kvtierctl ", args,
-                                       with_stderr ? " 2>&1" : " 2>/dev/null");
-  CtlResult r;
-  FILE* p = popen(cmd.c_str(), "r");
-  if (p == nullptr) return r;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) r.output.append(buf, n);
-  const int status = pclose(p);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
-
-nlohmann::json ParseJson(const std::string& text) { return nlohmann::json::parse(text, nullptr, false); }
 
 Namespace TestNamespace() {
   Namespace ns;
@@ -113,7 +95,7 @@ TEST_F(KvtierctlTest, StatusJsonHasRingSharesSummingToOneAndTheClustersCapacity)
     EXPECT_TRUE(m["up"].get<bool>());
     ids.insert(m["node_id"].get<std::string>());
     const double share = m["ring_share"].get<double>();
-    EXPECT_GT(share, 0.1) << "128 virtual nodes keep 3 members near 1/3 each";
+    EXPECT_GT(share, 0.2) << "1024 virtual nodes keep 3 members near 1/3 each";
     shares += share;
     ASSERT_EQ(m["tiers"].size(), 1u);
     EXPECT_EQ(m["tiers"][0]["tier"], "host");

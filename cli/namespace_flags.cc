@@ -1,0 +1,192 @@
+#include "namespace_flags.h"
+
+#include <algorithm>
+#include <fstream>
+#include <iterator>
+#include <sstream>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/match.h"
+#include "replayer.h"
+
+namespace kvtier::cli {
+
+void NamespaceFlags::Register(CLI::App* app, bool with_salt) {
+  constexpr const char* kGroup = "Namespace";
+  tenant_opt_ = app->add_option("--tenant", tenant, "Tenant of the namespace")->group(kGroup);
+  model_opt_ = app->add_option("--model", model, "Model of the namespace")->group(kGroup);
+  revision_opt_ = app->add_option("--revision", revision, "Model revision (absent unless given)")->group(kGroup);
+  app->add_option("--kind", kind, "Layout kind: standard or mla")->capture_default_str()->group(kGroup);
+  app->add_option("--dtype", dtype, "KV dtype: fp16, bf16, fp32, fp8_e4m3")->capture_default_str()->group(kGroup);
+  app->add_option("--codec", codec, "Stored codec: none, fp8_e4m3, int8")->capture_default_str()->group(kGroup);
+  app->add_option("--num-layers", num_layers, "Model layers")->group(kGroup);
+  app->add_option("--kv-heads", kv_heads, "KV heads of the whole model (standard kind)")->group(kGroup);
+  app->add_option("--head-dim", head_dim, "Elements per head (standard kind)")->group(kGroup);
+  app->add_option("--latent-dim", latent_dim, "Elements per token and layer (mla kind)")->group(kGroup);
+  block_tokens_opt_ = app->add_option("--block-tokens", block_tokens,
+                                      "Tokens per block (default 16; 512 with --replay-namespace, as trace_replay)")
+                          ->group(kGroup);
+  app->add_option("--tp-size", tp_size, "Tensor-parallel degree (shards per block)")->capture_default_str()->group(kGroup);
+  app->add_option("--group", group, "Values per fp32 scale with a quantized codec")
+      ->capture_default_str()
+      ->group(kGroup);
+  app->add_flag("--replay-namespace", replay,
+                "Use bench/trace_replay's namespace (tenant demo, model llama-3.1-8b-scaled, 1 bf16 layer and "
+                "KV head sized by --replay-block-bytes and --block-tokens)")
+      ->group(kGroup);
+  app->add_option("--replay-block-bytes", replay_block_bytes, "trace_replay's --block_bytes")
+      ->capture_default_str()
+      ->group(kGroup);
+  if (with_salt) {
+    salt_opt_ = app->add_option("--tenant-salt", tenant_salt,
+                                "The tenant's secret fingerprint salt, if it has one (never sent to servers)")
+                    ->envname("KVTIER_TENANT_SALT")
+                    ->group(kGroup);
+  }
+}
+
+bool NamespaceFlags::Given() const {
+  return replay || (tenant_opt_ != nullptr && tenant_opt_->count() > 0) ||
+         (model_opt_ != nullptr && model_opt_->count() > 0);
+}
+
+absl::StatusOr<Namespace> NamespaceFlags::Build() const {
+  Namespace ns;
+  if (replay) {
+    const uint32_t tokens = block_tokens_opt_ != nullptr && block_tokens_opt_->count() > 0 ? block_tokens : 512;
+    auto r = bench::ReplayNamespace({.block_tokens = tokens, .block_bytes = replay_block_bytes});
+    if (!r.ok()) return absl::InvalidArgumentError(absl::StrCat("--replay-block-bytes: ", r.status().message()));
+    ns = *r;
+    if (!tenant.empty()) ns.tenant = tenant;
+    if (!model.empty()) ns.model = model;
+  } else {
+    ns.tenant = tenant;
+    ns.model = model;
+    auto k = ParseLayoutKind(kind);
+    if (!k.ok()) return absl::InvalidArgumentError(absl::StrCat("--kind: ", k.status().message()));
+    auto d = ParseDType(dtype);
+    if (!d.ok()) return absl::InvalidArgumentError(absl::StrCat("--dtype: ", d.status().message()));
+    auto c = ParseCodec(codec);
+    if (!c.ok()) return absl::InvalidArgumentError(absl::StrCat("--codec: ", c.status().message()));
+    ns.layout = KvLayout{.kind = *k,
+                         .dtype = *d,
+                         .codec = *c,
+                         .num_layers = num_layers,
+                         .num_kv_heads = kv_heads,
+                         .head_dim = head_dim,
+                         .latent_dim = latent_dim,
+                         .block_tokens = block_tokens,
+                         .tp_size = tp_size,
+                         .quant_group_size = group};
+  }
+  if (revision_opt_ != nullptr && revision_opt_->count() > 0) ns.revision = revision;
+  if (salt_opt_ != nullptr && salt_opt_->count() > 0) ns.tenant_salt = tenant_salt;
+  if (absl::Status s = ns.Validate(); !s.ok()) {
+    // Name the flag, not the struct field: the message starts with "namespace.tenant:" or "layout.head_dim:".
+    static const std::pair<const char*, const char*> kFlags[] = {
+        {"namespace.tenant_salt:", "--tenant-salt:"}, {"namespace.tenant:", "--tenant:"},
+        {"namespace.model:", "--model:"},             {"namespace.revision:", "--revision:"},
+        {"layout.num_layers:", "--num-layers:"},      {"layout.num_kv_heads:", "--kv-heads:"},
+        {"layout.head_dim:", "--head-dim:"},          {"layout.latent_dim:", "--latent-dim:"},
+        {"layout.block_tokens:", "--block-tokens:"},  {"layout.tp_size:", "--tp-size:"},
+        {"layout.quant_group_size:", "--group:"}};
+    std::string msg(s.message());
+    for (const auto& [field, flag] : kFlags) {
+      if (absl::StartsWith(msg, field)) {
+        msg = absl::StrCat(flag, msg.substr(std::string_view(field).size()));
+        break;
+      }
+    }
+    return absl::InvalidArgumentError(msg);
+  }
+  return ns;
+}
+
+absl::StatusOr<Namespace> NamespaceFromJson(const nlohmann::json& j) {
+  if (!j.is_object()) return absl::InvalidArgumentError("a namespace is a JSON object");
+  auto str = [&](const nlohmann::json& o, const char* key, std::string* out) -> absl::Status {
+    if (!o.contains(key)) return absl::OkStatus();
+    if (!o[key].is_string()) return absl::InvalidArgumentError(absl::StrCat("\"", key, "\" must be a string"));
+    *out = o[key].get<std::string>();
+    return absl::OkStatus();
+  };
+  auto u32 = [&](const nlohmann::json& o, const char* key, uint32_t* out) -> absl::Status {
+    if (!o.contains(key)) return absl::OkStatus();
+    if (!o[key].is_number_unsigned() || o[key].get<uint64_t>() > UINT32_MAX) {
+      return absl::InvalidArgumentError(absl::StrCat("\"layout.", key, "\" must be a uint32"));
+    }
+    *out = o[key].get<uint32_t>();
+    return absl::OkStatus();
+  };
+  for (const auto& [key, value] : j.items()) {
+    if (key != "tenant" && key != "model" && key != "revision" && key != "layout") {
+      return absl::InvalidArgumentError(absl::StrCat("unknown key \"", key, "\""));
+    }
+  }
+  Namespace ns;
+  if (absl::Status s = str(j, "tenant", &ns.tenant); !s.ok()) return s;
+  if (absl::Status s = str(j, "model", &ns.model); !s.ok()) return s;
+  if (j.contains("revision")) {
+    std::string r;
+    if (absl::Status s = str(j, "revision", &r); !s.ok()) return s;
+    ns.revision = r;
+  }
+  if (!j.contains("layout") || !j["layout"].is_object()) {
+    return absl::InvalidArgumentError("\"layout\" (an object) is required");
+  }
+  const nlohmann::json& l = j["layout"];
+  std::string kind = "standard", dtype = "bf16", codec = "none";
+  for (const auto& [key, value] : l.items()) {
+    static const char* kKeys[] = {"kind",     "dtype",        "codec",   "num_layers", "num_kv_heads", "head_dim",
+                                  "latent_dim", "block_tokens", "tp_size", "quant_group_size"};
+    if (std::find(std::begin(kKeys), std::end(kKeys), key) == std::end(kKeys)) {
+      return absl::InvalidArgumentError(absl::StrCat("unknown key \"layout.", key, "\""));
+    }
+  }
+  for (auto [key, out] : {std::pair{"kind", &kind}, std::pair{"dtype", &dtype}, std::pair{"codec", &codec}}) {
+    if (absl::Status s = str(l, key, out); !s.ok()) return s;
+  }
+  auto k = ParseLayoutKind(kind);
+  if (!k.ok()) return k.status();
+  auto d = ParseDType(dtype);
+  if (!d.ok()) return d.status();
+  auto c = ParseCodec(codec);
+  if (!c.ok()) return c.status();
+  ns.layout.kind = *k;
+  ns.layout.dtype = *d;
+  ns.layout.codec = *c;
+  for (auto [key, out] : {std::pair{"num_layers", &ns.layout.num_layers}, std::pair{"num_kv_heads", &ns.layout.num_kv_heads},
+                          std::pair{"head_dim", &ns.layout.head_dim}, std::pair{"latent_dim", &ns.layout.latent_dim},
+                          std::pair{"block_tokens", &ns.layout.block_tokens}, std::pair{"tp_size", &ns.layout.tp_size},
+                          std::pair{"quant_group_size", &ns.layout.quant_group_size}}) {
+    if (absl::Status s = u32(l, key, out); !s.ok()) return s;
+  }
+  if (absl::Status s = ns.Validate(); !s.ok()) return s;
+  return ns;
+}
+
+absl::StatusOr<std::vector<Namespace>> LoadNamespacesFile(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot be read"));
+  std::stringstream text;
+  text << in.rdbuf();
+  const nlohmann::json j = nlohmann::json::parse(text.str(), nullptr, false);
+  if (j.is_discarded()) return absl::InvalidArgumentError(absl::StrCat(path, ": not JSON"));
+  std::vector<Namespace> out;
+  if (j.is_object()) {
+    auto ns = NamespaceFromJson(j);
+    if (!ns.ok()) return absl::InvalidArgumentError(absl::StrCat(path, ": ", ns.status().message()));
+    out.push_back(*std::move(ns));
+    return out;
+  }
+  if (!j.is_array()) return absl::InvalidArgumentError(absl::StrCat(path, ": want a namespace or an array of them"));
+  for (size_t i = 0; i < j.size(); ++i) {
+    auto ns = NamespaceFromJson(j[i]);
+    if (!ns.ok()) return absl::InvalidArgumentError(absl::StrCat(path, ": [", i, "]: ", ns.status().message()));
+    out.push_back(*std::move(ns));
+  }
+  return out;
+}
+
+}  // namespace kvtier::cli
