@@ -3,6 +3,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <thread>
@@ -184,20 +185,33 @@ TEST_F(TieredStoreTest, BudgetsHoldUnderThreeTimesOverfillWithLeasedReaders) {
   for (uint32_t n = 0; n < 72; n += 18) EXPECT_TRUE(Present(n)) << "leased block " << n << " was evicted";
 }
 
+// The writer of the test below runs in a child process that re-executes this binary with
+// KVTIER_DISK_WRITER_DIR set: it writes blocks until killed. A fresh exec (not a bare fork) keeps the
+// child free of the parent's threads, which ThreadSanitizer requires.
+const bool kIsDiskWriter = [] {
+  const char* dir = std::getenv("KVTIER_DISK_WRITER_DIR");
+  if (dir == nullptr) return false;
+  auto disk = DiskTier::Open(dir);
+  if (!disk.ok()) _exit(3);
+  for (uint32_t n = 0;; ++n) {
+    auto bytes = Payload(n, 256 << 10);
+    const DiskBlockMeta meta{.namespace_id = 1, .tenant_id = 2, .size_bytes = bytes.size(),
+                             .checksum = BlockChecksum(bytes.data(), bytes.size())};
+    if (!(*disk)->Put(Key(n), meta, bytes).ok()) _exit(4);
+  }
+}();
+
 TEST(DiskTierTest, ProcessKilledMidWriteNeverLeavesAHalfWrittenBlock) {
   const auto dir = std::filesystem::temp_directory_path() / ("kvtier-kill-" + std::to_string(getpid()));
   std::filesystem::remove_all(dir);
+  const std::string env = "KVTIER_DISK_WRITER_DIR=" + dir.string();
+  char* const child_env[] = {const_cast<char*>(env.c_str()), nullptr};
+  char* const child_argv[] = {const_cast<char*>("disk-writer"), nullptr};
   const pid_t child = fork();
   ASSERT_GE(child, 0);
   if (child == 0) {
-    auto disk = DiskTier::Open(dir.string());
-    if (!disk.ok()) _exit(3);
-    for (uint32_t n = 0;; ++n) {
-      auto bytes = Payload(n, 256 << 10);
-      const DiskBlockMeta meta{.namespace_id = 1, .tenant_id = 2, .size_bytes = bytes.size(),
-                               .checksum = BlockChecksum(bytes.data(), bytes.size())};
-      if (!(*disk)->Put(Key(n), meta, bytes).ok()) _exit(4);
-    }
+    execve("/proc/self/exe", child_argv, child_env);
+    _exit(127);
   }
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   kill(child, SIGKILL);
