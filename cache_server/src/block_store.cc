@@ -450,6 +450,47 @@ BlockStore::VerifyResult BlockStore::Verify(const std::function<void(uint64_t, u
   return result;
 }
 
+std::pair<uint64_t, uint64_t> BlockStore::Defragment() {
+  uint64_t moved = 0, freed = 0;
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const uint64_t slot_bytes : allocator_->SlotClasses()) {
+    const std::optional<uint32_t> slab = allocator_->EvacuationCandidate(slot_bytes);
+    if (!slab.has_value()) continue;
+    std::vector<EntryHandle> in_slab;
+    bool movable = true;
+    for (EntryHandle h = 0; h < entries_.size() && movable; ++h) {
+      const Entry& e = entries_[h];
+      if (e.state == State::kFree || e.tier != Tier::kHost || e.slot.slab != *slab) continue;
+      movable = e.state == State::kCommitted && e.lease_count == 0;
+      in_slab.push_back(h);
+    }
+    if (!movable) continue;
+    allocator_->SetEvacuating(*slab, true);
+    for (EntryHandle h : in_slab) {
+      Entry& e = entries_[h];
+      std::optional<SlotRef> to = allocator_->Allocate(e.size_bytes);
+      if (!to.has_value()) break;  // cannot happen: the candidate's blocks fit; leave the rest in place
+      std::memcpy(allocator_->Data(*to), allocator_->Data(e.slot), e.size_bytes);
+      if (BlockChecksum(allocator_->Data(*to), e.size_bytes) != e.checksum) {
+        allocator_->Free(*to);
+        stats_.checksum_failures.fetch_add(1, std::memory_order_relaxed);
+        EraseEntryLocked(h);  // corrupt in memory: dropped, never served
+        continue;
+      }
+      allocator_->Free(e.slot);
+      e.slot = *to;
+      ++moved;
+    }
+    allocator_->SetEvacuating(*slab, false);
+    if (allocator_->IsFreeSlab(*slab)) {
+      ++freed;
+      stats_.slab_moves.fetch_add(1, std::memory_order_relaxed);
+    }
+  }
+  stats_.defrag_moved_blocks.fetch_add(moved, std::memory_order_relaxed);
+  return {moved, freed};
+}
+
 void BlockStore::SetDraining(bool draining) { draining_.store(draining, std::memory_order_relaxed); }
 
 BlockAccess BlockStore::AccessOf(const Entry& e) const {

@@ -54,13 +54,20 @@ struct Server::Impl {
   bool stopped = false;   // guarded by mu
   std::thread expiry_thread;
 
+  // Expires leases and reservations every expiry_interval, and compacts the host tier every
+  // defrag_interval.
   void ExpiryLoop() {
     std::unique_lock<std::mutex> lock(mu);
+    absl::Time next_defrag = absl::Now() + options.defrag_interval;
     while (!stopping) {
       cv.wait_for(lock, absl::ToChronoMilliseconds(options.expiry_interval));
       if (stopping) break;
       lock.unlock();
       store->ExpireNow();
+      if (options.defrag_interval > absl::ZeroDuration() && absl::Now() >= next_defrag) {
+        store->Defragment();
+        next_defrag = absl::Now() + options.defrag_interval;
+      }
       lock.lock();
     }
   }

@@ -106,6 +106,11 @@ class StoreCollectable final : public prometheus::Collectable {
     Add(defrag, v(s.slab_moves));
     out.push_back(std::move(defrag));
 
+    auto defrag_blocks = Family("kvtier_defrag_moved_blocks_total", "Blocks moved between slots by compaction.",
+                                MetricType::Counter);
+    Add(defrag_blocks, v(s.defrag_moved_blocks));
+    out.push_back(std::move(defrag_blocks));
+
     auto disk_errors = Family("kvtier_disk_errors_total", "Disk tier I/O errors.", MetricType::Counter);
     Add(disk_errors, v(s.disk_errors));
     out.push_back(std::move(disk_errors));

@@ -109,7 +109,8 @@ const std::map<std::string, std::map<std::string, Setter>>& Schema() {
         {"port_file", String(&ServerOptions::port_file)}}},
       {"host_tier",
        {{"capacity_bytes", Bytes(&ServerOptions::host_cache_bytes)},
-        {"slab_bytes", Bytes(&ServerOptions::slab_bytes)}}},
+        {"slab_bytes", Bytes(&ServerOptions::slab_bytes)},
+        {"defrag_interval", Duration(&ServerOptions::defrag_interval)}}},
       {"disk_tier",
        {{"path", String(&ServerOptions::disk_path)},
         {"capacity_bytes", Bytes(&ServerOptions::disk_capacity_bytes)},
@@ -170,6 +171,7 @@ absl::Status ServerOptions::Validate() const {
   if (max_lease_ttl < default_lease_ttl) return Bad("leases.max_ttl", "must be >= leases.default_ttl");
   if (reservation_ttl <= absl::ZeroDuration()) return Bad("leases.reservation_ttl", "must be > 0");
   if (expiry_interval <= absl::ZeroDuration()) return Bad("leases.expiry_interval", "must be > 0");
+  if (defrag_interval < absl::ZeroDuration()) return Bad("host_tier.defrag_interval", "must be >= 0 (0 = off)");
   return absl::OkStatus();
 }
 

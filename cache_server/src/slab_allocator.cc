@@ -54,8 +54,9 @@ std::optional<SlotRef> SlabAllocator::Allocate(uint64_t block_bytes) {
   while (!cls.partial.empty()) {
     const uint32_t id = cls.partial.back();
     Slab& s = slabs_[id];
-    if (s.slot_bytes != slot_bytes || s.free_slots.empty()) {  // stale: released, reassigned or full
+    if (s.slot_bytes != slot_bytes || s.free_slots.empty() || s.evacuating) {  // stale, full or emptying
       cls.partial.pop_back();
+      if (s.evacuating && s.slot_bytes == slot_bytes) s.in_partial_list = false;
       continue;
     }
     const uint32_t index = s.free_slots.back();
@@ -101,11 +102,12 @@ void SlabAllocator::Free(SlotRef slot) {
     s.free_slots.clear();
     s.free_slots.shrink_to_fit();
     s.in_partial_list = false;  // any entry left in a partial list is stale and skipped
+    s.evacuating = false;
     free_slabs_.push_back(slot.slab);
     return;
   }
   s.free_slots.push_back(slot.index);
-  if (!s.in_partial_list) {
+  if (!s.in_partial_list && !s.evacuating) {
     classes_[s.slot_bytes].partial.push_back(slot.slab);
     s.in_partial_list = true;
   }
@@ -114,6 +116,39 @@ void SlabAllocator::Free(SlotRef slot) {
 std::byte* SlabAllocator::Data(SlotRef slot) const {
   const Slab& s = slabs_[slot.slab];
   return base_ + s.offset + static_cast<uint64_t>(slot.index) * s.slot_bytes;
+}
+
+std::vector<uint64_t> SlabAllocator::SlotClasses() const {
+  std::vector<uint64_t> out;
+  for (const Slab& s : slabs_) {
+    if (s.slot_bytes != 0 && std::find(out.begin(), out.end(), s.slot_bytes) == out.end()) out.push_back(s.slot_bytes);
+  }
+  return out;
+}
+
+std::optional<uint32_t> SlabAllocator::EvacuationCandidate(uint64_t slot_bytes) const {
+  std::optional<uint32_t> best;
+  uint64_t free_total = 0;
+  for (uint32_t id = 0; id < slabs_.size(); ++id) {
+    const Slab& s = slabs_[id];
+    if (s.slot_bytes != slot_bytes || s.evacuating) continue;
+    free_total += s.free_slots.size();
+    if (!best || s.used < slabs_[*best].used) best = id;
+  }
+  if (!best) return std::nullopt;
+  const Slab& b = slabs_[*best];
+  if (free_total - b.free_slots.size() < b.used) return std::nullopt;  // the others cannot take its blocks
+  return best;
+}
+
+void SlabAllocator::SetEvacuating(uint32_t slab, bool evacuating) {
+  Slab& s = slabs_[slab];
+  if (s.slot_bytes == 0) return;  // already back in the pool
+  s.evacuating = evacuating;
+  if (!evacuating && !s.free_slots.empty() && !s.in_partial_list) {
+    classes_[s.slot_bytes].partial.push_back(slab);
+    s.in_partial_list = true;
+  }
 }
 
 uint64_t SlabAllocator::SlotBytesOf(SlotRef slot) const { return slabs_[slot.slab].slot_bytes; }

@@ -388,3 +388,51 @@ TEST_F(BlockStoreTest, CorruptionHookChangesStoredBytes) {
 
 }  // namespace
 }  // namespace kvtier::server
+
+namespace kvtier::server {
+namespace {
+
+TEST_F(BlockStoreTest, DefragmentMovesBlocksOutOfTheEmptiestSlabAndKeepsTheirBytes) {
+  MakeStore(48);  // three slabs of 16 blocks
+  for (uint32_t n = 0; n < 48; ++n) Put(n, ns_, n);
+  // Free most of slab 1 and some of slab 2 so that slab 1's remaining blocks fit elsewhere.
+  std::vector<uint32_t> gone;
+  for (uint32_t n = 16; n < 30; ++n) gone.push_back(n);
+  for (uint32_t n = 32; n < 40; ++n) gone.push_back(n);
+  for (uint32_t n : gone) ASSERT_TRUE(store_->EvictKey(Key(n)));
+  const uint64_t used = store_->used_bytes();
+  auto [moved, freed] = store_->Defragment();
+  EXPECT_EQ(freed, 1u);
+  EXPECT_EQ(moved, 2u);  // blocks 30 and 31
+  EXPECT_EQ(store_->used_bytes(), used);
+  EXPECT_EQ(store_->stats().slab_moves.load(), 1u);
+  for (uint32_t n = 0; n < 48; ++n) {
+    if (std::find(gone.begin(), gone.end(), n) != gone.end()) continue;
+    EXPECT_EQ(ReadBack(n, ns_), Payload(n)) << n;
+  }
+  // The freed slab serves another block size at once, without evicting anything.
+  NamespaceRef half = ns_;
+  half.id = 77;
+  half.block_bytes = kBlock / 2;
+  const uint64_t evictions = store_->stats().evictions.load();
+  for (uint32_t n = 1000; n < 1010; ++n) EXPECT_EQ(Put(n, half, n), AllocateOutcome::kAllocated);
+  EXPECT_EQ(store_->stats().evictions.load(), evictions);
+}
+
+TEST_F(BlockStoreTest, DefragmentLeavesSlabsWithLeasedBlocksAlone) {
+  MakeStore(32);
+  for (uint32_t n = 0; n < 32; ++n) Put(n, ns_, n);
+  for (uint32_t n = 16; n < 30; ++n) ASSERT_TRUE(store_->EvictKey(Key(n)));
+  for (uint32_t n = 0; n < 4; ++n) ASSERT_TRUE(store_->EvictKey(Key(n)));
+  const BlockKey k = Key(30);
+  auto lease = store_->AcquireRead(ns_, std::span<const BlockKey>(&k, 1), absl::Seconds(30));
+  auto [moved, freed] = store_->Defragment();
+  EXPECT_EQ(freed, 0u);
+  EXPECT_EQ(moved, 0u);
+  store_->Release(std::span<const uint64_t>(&lease.lease_id, 1));
+  EXPECT_EQ(store_->Defragment().second, 1u);
+  EXPECT_EQ(ReadBack(30, ns_), Payload(30));
+}
+
+}  // namespace
+}  // namespace kvtier::server

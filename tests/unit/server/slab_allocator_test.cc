@@ -93,3 +93,34 @@ TEST(SlabAllocatorTest, IsLastInSlabTracksUse) {
 
 }  // namespace
 }  // namespace kvtier::server
+
+namespace kvtier::server {
+namespace {
+
+TEST(SlabAllocatorEvacuationTest, CandidateIsTheEmptiestSlabWhoseSlotsFitElsewhere) {
+  auto a = SlabAllocator::Create({.capacity_bytes = 3ULL << 20, .slab_bytes = 1ULL << 20});
+  ASSERT_OK(a);
+  std::vector<SlotRef> slots;
+  for (int i = 0; i < 12; ++i) slots.push_back(*(*a)->Allocate(256 << 10));  // 3 full slabs of 4
+  EXPECT_FALSE((*a)->EvacuationCandidate(256 << 10).has_value());           // nowhere to move to
+  (*a)->Free(slots[0]);
+  (*a)->Free(slots[1]);
+  (*a)->Free(slots[4]);  // slab 0: 2 used, slab 1: 3 used, slab 2: 4 used; free elsewhere: 1
+  EXPECT_FALSE((*a)->EvacuationCandidate(256 << 10).has_value());
+  (*a)->Free(slots[8]);  // slab 2 now has a free slot too: slab 0's 2 blocks fit in slabs 1 and 2
+  auto c = (*a)->EvacuationCandidate(256 << 10);
+  ASSERT_TRUE(c.has_value());
+  EXPECT_EQ(*c, slots[2].slab);
+  (*a)->SetEvacuating(*c, true);
+  for (int i = 0; i < 2; ++i) {
+    auto s = (*a)->Allocate(256 << 10);
+    ASSERT_TRUE(s.has_value());
+    EXPECT_NE(s->slab, *c) << "an evacuating slab handed out a slot";
+  }
+  (*a)->Free(slots[2]);
+  (*a)->Free(slots[3]);
+  EXPECT_TRUE((*a)->IsFreeSlab(*c));
+}
+
+}  // namespace
+}  // namespace kvtier::server

@@ -87,7 +87,8 @@ struct BlockStoreStats {
   std::atomic<uint64_t> disk_checksum_failures{0};  // disk reads whose bytes failed: dropped, never served
   std::atomic<uint64_t> disk_errors{0};          // disk I/O errors (the block is dropped or not demoted)
   std::atomic<uint64_t> recovered_blocks{0};     // found on disk at start
-  std::atomic<uint64_t> slab_moves{0};           // slabs emptied to serve another block size
+  std::atomic<uint64_t> slab_moves{0};           // slabs emptied and returned to the pool (any size)
+  std::atomic<uint64_t> defrag_moved_blocks{0};  // blocks moved between slots by Defragment()
 };
 
 // Per-block answer of AcquireRead.
@@ -246,6 +247,13 @@ class BlockStore {
     std::vector<BlockKey> corrupt_keys;
   };
   VerifyResult Verify(const std::function<void(uint64_t, uint64_t)>& progress = nullptr);
+  // Compacts the host tier: for each slot size, when the blocks of its emptiest slab fit in the free
+  // slots of its other slabs, moves them there (checksum re-verified) and returns the slab to the free
+  // pool, where any block size can take it. Slabs holding a leased or reserved block are left alone.
+  // Runs on an interval (ServerOptions::defrag_interval) and on demand. Returns (blocks moved, slabs
+  // freed); freed slabs also count in stats().slab_moves.
+  std::pair<uint64_t, uint64_t> Defragment();
+
   // While draining, Allocate answers kNoSpace for every new key (reads go on), so that an operator can
   // move hot blocks elsewhere before the server stops.
   void SetDraining(bool draining);

@@ -18,6 +18,7 @@ struct ServerOptions {
   std::string metrics_address = "127.0.0.1:0";      // host:port of /metrics; empty = no exposer
   uint64_t host_cache_bytes = 1ULL << 30;           // Default: 1 GiB of host memory for blocks
   uint64_t slab_bytes = 64ULL << 20;                // Default: 64 MiB; also the largest block accepted
+  absl::Duration defrag_interval = absl::Seconds(300);  // host-tier compaction (DESIGN.md §8); 0 = off
   std::string disk_path;                            // RocksDB directory of the disk tier; empty = none
   uint64_t disk_capacity_bytes = 0;                 // budget on logical bytes on disk (docs/config.md)
   bool promote_on_hit = true;                       // a hit on disk moves the block back to host memory

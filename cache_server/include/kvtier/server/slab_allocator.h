@@ -56,6 +56,15 @@ class SlabAllocator {
   // True when freeing `slot` would return its whole slab to the free pool (it is the slab's last used slot).
   bool IsLastInSlab(SlotRef slot) const;
 
+  // Defragmentation. The slot sizes that own at least one slab now.
+  std::vector<uint64_t> SlotClasses() const;
+  // The slab of class `slot_bytes` with the fewest used slots, when the other slabs of that class have
+  // enough free slots to take all of them (so moving its blocks frees it); else nullopt.
+  std::optional<uint32_t> EvacuationCandidate(uint64_t slot_bytes) const;
+  // While set, Allocate never hands out a slot of `slab`; its last Free still returns it to the pool.
+  void SetEvacuating(uint32_t slab, bool evacuating);
+  bool IsFreeSlab(uint32_t slab) const { return slabs_[slab].slot_bytes == 0; }
+
   // The whole region (capacity_bytes() long); fixed for the allocator's lifetime.
   std::span<std::byte> Region() const { return {base_, capacity_bytes_}; }
   uint64_t capacity_bytes() const { return capacity_bytes_; }
@@ -73,6 +82,7 @@ class SlabAllocator {
     uint32_t used = 0;
     std::vector<uint32_t> free_slots; // stack
     bool in_partial_list = false;
+    bool evacuating = false;          // no new allocations; its blocks are being moved out
   };
   struct SizeClass {
     std::vector<uint32_t> partial;    // slabs with free slots (may hold stale entries; checked on pop)
