@@ -16,6 +16,7 @@ for stage in "${stages[@]}"; do
       cmake --preset asan >/dev/null
       cmake --build build-asan -j "$JOBS"
       ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+        LSAN_OPTIONS=suppressions=$PWD/tests/sanitizers/lsan.supp \
         ctest --test-dir build-asan --output-on-failure -j 2 -E '^python_'
       ;;
     tsan)

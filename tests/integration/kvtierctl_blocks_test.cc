@@ -451,7 +451,8 @@ TEST_F(KvtierctlBlocksTest, DrainRefusesPutsAndHandsTheHottestBlocksToTheRingWit
 
   // Draining: ctl-b takes no new blocks, and says so.
   const CtlResult st = RunCtl(Ctl("status --json"));
-  for (const auto& m : ParseJson(st.output)["members"]) EXPECT_EQ(m["draining"].get<bool>(), m["node_id"] == "ctl-b");
+  const nlohmann::json status = ParseJson(st.output);  // a named value: the loop must not outlive it
+  for (const auto& m : status["members"]) EXPECT_EQ(m["draining"].get<bool>(), m["node_id"] == "ctl-b");
   auto more = testing::MakePrompt(ns, 30, 9);
   ASSERT_OK(more);
   std::vector<std::span<const std::byte>> blocks(more->data.begin(), more->data.end());
