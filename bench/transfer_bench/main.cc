@@ -43,6 +43,7 @@ ABSL_FLAG(std::string, batches, "1,8,64", "blocks per call");
 ABSL_FLAG(uint64_t, bytes_per_row, 512ULL << 20, "payload bytes each timed row moves at least");
 ABSL_FLAG(int, min_iters, 5, "calls per row at least");
 ABSL_FLAG(int, max_iters, 2000, "calls per row at most");
+ABSL_FLAG(std::string, ops, "put,get", "kvtier operations to time (get alone still stores its blocks once)");
 ABSL_FLAG(bool, grpc, true, "also measure kvtier over gRPC bytes");
 ABSL_FLAG(bool, memcpy, true, "also measure memcpy of the same blocks (the memory limit)");
 ABSL_FLAG(std::string, perftest, "ucx_perftest", "ucx_perftest binary; empty = skip the UCX limit");
@@ -113,7 +114,7 @@ pid_t Spawn(const std::vector<std::string>& argv_in, const std::vector<std::stri
       dup2(fd, STDOUT_FILENO);
       dup2(fd, STDERR_FILENO);
     }
-    execve(argv[0], argv.data(), envp.data());
+    execvpe(argv[0], argv.data(), envp.data());  // searches PATH (ucx_perftest)
     _exit(127);
   }
   if (fd >= 0) close(fd);
@@ -199,11 +200,14 @@ void MeasureClient(Client& client, const std::string& path, const std::string& t
   const int warmup = std::min(3, iters);
 
   // Put: fresh keys every call (a put of a present block moves nothing).
+  const std::string ops = absl::GetFlag(FLAGS_ops);
+  const bool time_put = ops.find("put") != std::string::npos;
+  const int put_calls = time_put ? iters + warmup : 1;
   std::vector<std::vector<Fingerprint>> put_keys;
-  for (int i = 0; i < iters + warmup; ++i) put_keys.push_back(Keys(ns, batch, ++seed));
+  for (int i = 0; i < put_calls; ++i) put_keys.push_back(Keys(ns, batch, ++seed));
   std::vector<double> us;
   int failed = 0;
-  for (int i = 0; i < iters + warmup; ++i) {
+  for (int i = 0; i < put_calls; ++i) {
     const absl::Time t0 = absl::Now();
     auto r = client.Put(ns, put_keys[i], 0, in);
     const double elapsed = absl::ToDoubleMicroseconds(absl::Now() - t0);
@@ -213,7 +217,8 @@ void MeasureClient(Client& client, const std::string& path, const std::string& t
   Row put = Summarize({.path = path, .transport = transport, .operation = "put", .block_bytes = block, .batch = batch},
                       us, block * batch);
   if (failed > 0) put.note = absl::StrCat(failed, " calls not fully stored");
-  rows.push_back(put);
+  if (time_put) rows.push_back(put);
+  if (ops.find("get") == std::string::npos) return;
 
   // Get: the blocks of the last put, again and again (includes the lease RPC and the checksum check).
   const std::vector<Fingerprint>& keys = put_keys.back();

@@ -41,10 +41,12 @@ absl::StatusOr<std::unique_ptr<BlockStore>> BlockStore::Create(const BlockStoreO
   auto alloc = SlabAllocator::Create({.capacity_bytes = options.capacity_bytes, .slab_bytes = options.slab_bytes});
   if (!alloc.ok()) return alloc.status();
   store->allocator_ = std::move(alloc).value();
-  auto policy = NewEvictionPolicy(options.eviction_policy);
+  const EvictionPolicyOptions policy_options{.frequency_weight = options.frequency_weight,
+                                             .recency_weight = options.recency_weight};
+  auto policy = NewEvictionPolicy(options.eviction_policy, policy_options);
   if (!policy.ok()) return policy.status();
   store->policy_ = std::move(policy).value();
-  auto disk_policy = NewEvictionPolicy(options.eviction_policy);
+  auto disk_policy = NewEvictionPolicy(options.eviction_policy, policy_options);
   if (!disk_policy.ok()) return disk_policy.status();
   store->disk_policy_ = std::move(disk_policy).value();
   if (!options.disk_path.empty()) {
@@ -494,8 +496,11 @@ std::pair<uint64_t, uint64_t> BlockStore::Defragment() {
 void BlockStore::SetDraining(bool draining) { draining_.store(draining, std::memory_order_relaxed); }
 
 BlockAccess BlockStore::AccessOf(const Entry& e) const {
+  // A stable per-block hash for policies that remember evicted blocks: the fingerprint's ring position
+  // mixed with the shard, never 0.
+  const uint64_t key_hash = (e.key.fingerprint.RingPosition() ^ (uint64_t{e.key.shard} * 0x9e3779b97f4a7c15ULL)) | 1;
   return BlockAccess{.depth = e.depth, .namespace_id = e.namespace_id, .size_bytes = e.size_bytes,
-                     .now_ns = absl::ToUnixNanos(clock_->Now())};
+                     .now_ns = absl::ToUnixNanos(clock_->Now()), .key_hash = key_hash};
 }
 
 absl::StatusOr<BlockStore::AllocateResult> BlockStore::Allocate(const NamespaceRef& ns,
@@ -519,6 +524,7 @@ absl::StatusOr<BlockStore::AllocateResult> BlockStore::Allocate(const NamespaceR
   r.entries.assign(keys.size(), kNoEntry);
   r.written.assign(keys.size(), 0);
   r.receiving.assign(keys.size(), 0);
+  r.received_checksum.assign(keys.size(), std::nullopt);
   bool any = false;
   uint64_t rejected = 0;
   const uint64_t reservation_id = next_id_++;
@@ -646,6 +652,7 @@ absl::StatusOr<std::vector<CommitOutcome>> BlockStore::Commit(uint64_t reservati
         outcomes[i] = CommitOutcome::kIncomplete;
         continue;
       }
+      if (r.received_checksum[i].has_value()) continue;  // hashed as it landed (FinishReceive)
       blocks[i] = {allocator_->Data(e.slot), e.size_bytes};
     }
     ++r.pins;      // hashing runs unlocked; the pin keeps the slots
@@ -658,6 +665,9 @@ absl::StatusOr<std::vector<CommitOutcome>> BlockStore::Commit(uint64_t reservati
   std::lock_guard<std::mutex> lock(mu_);
   auto it = reservations_.find(reservation_id);
   Reservation& r = it->second;
+  for (size_t i = 0; i < r.entries.size(); ++i) {
+    if (r.received_checksum[i].has_value()) actual[i] = *r.received_checksum[i];
+  }
   uint64_t failures = 0;
   for (size_t i = 0; i < r.entries.size(); ++i) {
     const EntryHandle h = r.entries[i];
@@ -860,14 +870,18 @@ absl::StatusOr<BlockStore::PinnedBlock> BlockStore::PinForReceive(uint64_t reser
   return PinnedBlock{.data = allocator_->Data(e.slot), .size_bytes = e.size_bytes};
 }
 
-void BlockStore::FinishReceive(uint64_t reservation_id, uint32_t index, uint64_t bytes, bool ok) {
+void BlockStore::FinishReceive(uint64_t reservation_id, uint32_t index, uint64_t bytes, bool ok,
+                               std::optional<uint64_t> checksum) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = reservations_.find(reservation_id);
   if (it == reservations_.end()) return;
   Reservation& r = it->second;
   if (index >= r.entries.size() || r.receiving[index] == 0 || r.pins == 0) return;  // not pinned: ignored
   r.receiving[index] = 0;
-  if (ok && r.entries[index] != kNoEntry && bytes == entries_[r.entries[index]].size_bytes) r.written[index] = bytes;
+  if (ok && r.entries[index] != kNoEntry && bytes == entries_[r.entries[index]].size_bytes) {
+    r.written[index] = bytes;
+    r.received_checksum[index] = checksum;
+  }
   if (--r.pins == 0 && r.dead) {
     EndReservationLocked(r);
     reservations_.erase(it);

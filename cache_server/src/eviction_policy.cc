@@ -1,9 +1,12 @@
 #include "kvtier/server/eviction_policy.h"
 
 #include <algorithm>
+#include <cmath>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 
 namespace kvtier::server {
 namespace {
@@ -68,9 +71,33 @@ class LruPolicy final : public EvictionPolicy {
 
 std::unique_ptr<EvictionPolicy> NewLruPolicy() { return std::make_unique<LruPolicy>(); }
 
+absl::Status EvictionPolicyOptions::Validate() const {
+  for (auto [field, w] : {std::pair<const char*, double>{"frequency_weight", frequency_weight},
+                          std::pair<const char*, double>{"recency_weight", recency_weight}}) {
+    if (!std::isfinite(w) || w < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(field, " is ", w, "; it must be finite and >= 0"));
+    }
+  }
+  if (frequency_weight + recency_weight <= 0) {
+    return absl::InvalidArgumentError("frequency_weight and recency_weight are both 0; one must be > 0");
+  }
+  return absl::OkStatus();
+}
+
+std::vector<std::string> EvictionPolicyNames() { return {"lru", "weighted", "prefix_lrfu"}; }
+
 absl::StatusOr<std::unique_ptr<EvictionPolicy>> NewEvictionPolicy(const std::string& name) {
+  return NewEvictionPolicy(name, EvictionPolicyOptions{});
+}
+
+absl::StatusOr<std::unique_ptr<EvictionPolicy>> NewEvictionPolicy(const std::string& name,
+                                                                   const EvictionPolicyOptions& options) {
+  if (absl::Status s = options.Validate(); !s.ok()) return s;
   if (name == "lru") return NewLruPolicy();
-  return absl::InvalidArgumentError(absl::StrCat("eviction policy \"", name, "\" is unknown; known: lru"));
+  if (name == "weighted") return NewWeightedPolicy(options);
+  if (name == "prefix_lrfu") return NewPrefixLrfuPolicy();
+  return absl::InvalidArgumentError(absl::StrCat("eviction policy \"", name, "\" is unknown; known: ",
+                                                 absl::StrJoin(EvictionPolicyNames(), ", ")));
 }
 
 }  // namespace kvtier::server

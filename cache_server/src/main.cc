@@ -20,6 +20,7 @@ ABSL_FLAG(std::string, ucx_listen_address, "",
 ABSL_FLAG(std::string, ucx_transports, "", "UCX_TLS of the server's UCX context, e.g. tcp or tcp,shm (ucx.transports)");
 ABSL_FLAG(std::string, host_cache_bytes, "", "host memory for blocks, e.g. 2GiB (host_tier.capacity_bytes)");
 ABSL_FLAG(std::string, slab_bytes, "", "slab size, e.g. 64MiB (host_tier.slab_bytes)");
+ABSL_FLAG(std::string, eviction_policy, "", "lru, weighted or prefix_lrfu (eviction.policy)");
 ABSL_FLAG(std::string, disk_path, "", "RocksDB directory of the disk tier (disk_tier.path)");
 ABSL_FLAG(std::string, disk_capacity_bytes, "", "disk tier budget, e.g. 100GiB (disk_tier.capacity_bytes)");
 ABSL_FLAG(std::string, max_block_bytes, "", "largest block accepted, e.g. 64MiB (limits.max_block_bytes)");
@@ -76,6 +77,7 @@ int main(int argc, char** argv) {
   if (options.ucx_listen_address == "none") options.ucx_listen_address.clear();
   Override(FLAGS_ucx_transports, options.ucx_transports);
   Override(FLAGS_disk_path, options.disk_path);
+  Override(FLAGS_eviction_policy, options.eviction_policy);
   if (!OverrideBytes(FLAGS_disk_capacity_bytes, "disk_capacity_bytes", options.disk_capacity_bytes) ||
       !OverrideBytes(FLAGS_host_cache_bytes, "host_cache_bytes", options.host_cache_bytes) ||
       !OverrideBytes(FLAGS_slab_bytes, "slab_bytes", options.slab_bytes) ||

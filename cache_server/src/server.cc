@@ -84,6 +84,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   auto store = BlockStore::Create({.capacity_bytes = options.host_cache_bytes,
                                    .slab_bytes = options.slab_bytes,
                                    .eviction_policy = options.eviction_policy,
+                                   .frequency_weight = options.eviction_frequency_weight,
+                                   .recency_weight = options.eviction_recency_weight,
                                    .default_lease_ttl = options.default_lease_ttl,
                                    .max_lease_ttl = options.max_lease_ttl,
                                    .reservation_ttl = options.reservation_ttl,

@@ -1,5 +1,7 @@
 #include "kvtier/server/server_options.h"
 
+#include <algorithm>
+
 #include <fstream>
 #include <functional>
 #include <map>
@@ -11,6 +13,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "kvtier/server/eviction_policy.h"
 
 namespace kvtier::server {
 namespace {
@@ -91,6 +94,15 @@ Setter Duration(absl::Duration ServerOptions::*field) {
   };
 }
 
+Setter Double(double ServerOptions::*field) {
+  return [field](const std::string& key, const YAML::Node& v, ServerOptions& o) -> absl::Status {
+    double d = 0;
+    if (!v.IsScalar() || !YAML::convert<double>::decode(v, d)) return Bad(key, "must be a number");
+    o.*field = d;
+    return absl::OkStatus();
+  };
+}
+
 Setter Bool(bool ServerOptions::*field) {
   return [field](const std::string& key, const YAML::Node& v, ServerOptions& o) -> absl::Status {
     bool b = false;
@@ -124,7 +136,10 @@ const std::map<std::string, std::map<std::string, Setter>>& Schema() {
        {{"listen_address", String(&ServerOptions::ucx_listen_address)},
         {"transports", String(&ServerOptions::ucx_transports)},
         {"transfer_timeout", Duration(&ServerOptions::ucx_transfer_timeout)}}},
-      {"eviction", {{"policy", String(&ServerOptions::eviction_policy)}}},
+      {"eviction",
+       {{"policy", String(&ServerOptions::eviction_policy)},
+        {"frequency_weight", Double(&ServerOptions::eviction_frequency_weight)},
+        {"recency_weight", Double(&ServerOptions::eviction_recency_weight)}}},
       {"leases",
        {{"default_ttl", Duration(&ServerOptions::default_lease_ttl)},
         {"max_ttl", Duration(&ServerOptions::max_lease_ttl)},
@@ -166,7 +181,15 @@ absl::Status ServerOptions::Validate() const {
   if (stream_chunk_bytes == 0 || stream_chunk_bytes + (64 << 10) > max_message_bytes) {
     return Bad("limits.stream_chunk_bytes", "must be > 0 and leave 64 KiB of headroom below max_message_bytes");
   }
-  if (eviction_policy != "lru") return Bad("eviction.policy", "must be one of: lru");
+  if (const auto names = EvictionPolicyNames();
+      std::find(names.begin(), names.end(), eviction_policy) == names.end()) {
+    return Bad("eviction.policy", absl::StrCat("\"", eviction_policy, "\" is unknown; one of: ", absl::StrJoin(names, ", ")));
+  }
+  if (absl::Status s = EvictionPolicyOptions{.frequency_weight = eviction_frequency_weight,
+                                             .recency_weight = eviction_recency_weight}.Validate();
+      !s.ok()) {
+    return Bad("eviction", std::string(s.message()));
+  }
   if (default_lease_ttl <= absl::ZeroDuration()) return Bad("leases.default_ttl", "must be > 0");
   if (max_lease_ttl < default_lease_ttl) return Bad("leases.max_ttl", "must be >= leases.default_ttl");
   if (reservation_ttl <= absl::ZeroDuration()) return Bad("leases.reservation_ttl", "must be > 0");

@@ -1,6 +1,9 @@
 // The UCX bulk data plane: in-process and real-process servers with a UCX listener on 127.0.0.1:0,
 // talked to through the real client library (ctest sets UCX_NET_DEVICES=lo).
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstring>
@@ -376,6 +379,54 @@ TEST_F(UcxProcessTest, ServerKilledMidTransferGivesMissesWithinTheDeadline) {
   stop = true;
   EXPECT_LT(getter.get(), timeout + absl::Milliseconds(1500));
   EXPECT_GT((*c)->stats().misses_from_errors.load(), 0u);
+}
+
+// A client process killed mid-transfer must not leave slots pinned: the server cancels or force-closes
+// its transfers after ucx.transfer_timeout, and its leases and reservations then expire as usual.
+TEST(UcxServerCleanupTest, ClientKilledMidTransferLeavesNothingPinned) {
+  auto s = server::Server::Start({.node_id = "node-c", .metrics_address = "", .host_cache_bytes = 512ULL << 20,
+                                  .default_lease_ttl = absl::Seconds(1), .reservation_ttl = absl::Seconds(1),
+                                  .expiry_interval = absl::Milliseconds(100), .ucx_listen_address = "127.0.0.1:0",
+                                  .ucx_transfer_timeout = absl::Milliseconds(500)});
+  ASSERT_OK(s);
+  const std::string address = "127.0.0.1:" + std::to_string((*s)->grpc_port());
+  std::vector<std::string> args = {testing::BinaryDir() + "/bench/trace_replay/trace_replay", "--members=" + address,
+                                   "--transport=ucx", "--block_bytes=4194304", "--limit=100000"};
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  const int devnull = open("/dev/null", O_WRONLY | O_CLOEXEC);
+  const pid_t pid = fork();  // argv is built before fork: the child only execs
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    dup2(devnull, STDOUT_FILENO);
+    dup2(devnull, STDERR_FILENO);
+    execv(argv[0], argv.data());
+    _exit(127);
+  }
+  close(devnull);
+  // Let it move a few hundred MiB, then kill it wherever it is.
+  const absl::Time until = absl::Now() + absl::Seconds(10);
+  while (Stats(address).ucx_write_bytes() < (64ULL << 20) && absl::Now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  kill(pid, SIGKILL);
+  waitpid(pid, nullptr, 0);
+  EXPECT_GT(Stats(address).ucx_write_bytes(), 0u) << "the client never moved bytes over UCX";
+  v1::GetStatsResponse st;
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  do {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    st = Stats(address);
+  } while ((st.active_leases() != 0 || st.active_reservations() != 0) && absl::Now() < deadline);
+  EXPECT_EQ(st.active_leases(), 0u);
+  EXPECT_EQ(st.active_reservations(), 0u);
+  // And it still serves a new client over UCX.
+  auto c = Client::Connect({.members = {address}, .transport = "ucx"});
+  ASSERT_OK(c);
+  const Namespace ns = NamespaceOfBlockBytes(1 << 20, "after-kill");
+  PutThenGetEveryByte(**c, ns, Fingerprints(ns, 4));
 }
 
 }  // namespace

@@ -11,12 +11,14 @@
 #include <atomic>
 #include <cstdio>
 #include <cstring>
+#include <optional>
 #include <thread>
 #include <vector>
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "kvtier/common/checksum.h"
 #include "kvtier/server/block_store.h"
 #include "kvtier/wire/ucx_messages.h"
 #include "server_metrics.h"
@@ -29,9 +31,11 @@ using Direction = ServerMetrics::Direction;
 using Transport = ServerMetrics::Transport;
 
 constexpr ucp_tag_t kFullMask = ~ucp_tag_t{0};
+// Bytes of one get request's sends in flight at once (at least one block); see StartGet.
+constexpr uint64_t kSendWindowBytes = 8ULL << 20;
 constexpr absl::Duration kSweepInterval = absl::Milliseconds(100);
 constexpr absl::Duration kShutdownDrain = absl::Seconds(2);
-constexpr int kIdleSpins = 4000;  // progress calls with nothing done before the thread sleeps in poll()
+constexpr int kIdleSpins = 256;   // progress calls with nothing done before the thread sleeps in poll()
 
 absl::StatusOr<sockaddr_storage> ResolveIpv4(const std::string& host_port) {
   const size_t colon = host_port.rfind(':');
@@ -58,15 +62,22 @@ absl::StatusOr<sockaddr_storage> ResolveIpv4(const std::string& host_port) {
 }  // namespace
 
 struct UcxServer::Impl {
+  using EpId = uint64_t;  // endpoints are named by id: a closed ucp_ep_h's address may be reused
+
   // One kGet or kPut request of a client.
   struct Batch {
     bool is_put = false;
     uint64_t request_id = 0;
     uint64_t id = 0;  // lease id (get) or reservation id (put)
     uint32_t flags = 0;
-    ucp_ep_h reply_ep = nullptr;
+    EpId ep = 0;      // the client's endpoint
     std::vector<uint8_t> ok;  // per entry
-    size_t remaining = 0;
+    size_t remaining = 0;     // entries not completed
+    // Get only: the blocks to send, the client's first tag, and the send window's state.
+    std::vector<uint32_t> indices;
+    uint64_t tag_base = 0;
+    size_t next = 0;               // next entry to post
+    uint64_t in_flight_bytes = 0;  // posted, not completed
   };
   // One tagged send or receive of one block.
   struct Op {
@@ -76,10 +87,13 @@ struct UcxServer::Impl {
     uint32_t index = 0;     // block index in the lease or reservation
     bool pinned = false;    // false: an empty send / a draining receive (nothing to unpin)
     uint64_t size = 0;
+    const std::byte* data = nullptr;  // the pinned slot (receives)
     void* request = nullptr;
-    ucp_ep_h ep = nullptr;  // the endpoint it runs on (receives: the batch's client)
+    EpId ep = 0;            // the endpoint it runs on (receives: the batch's client)
     absl::Time start;
+    absl::Time closed = absl::InfiniteFuture();  // when its endpoint was force-closed
     bool cancel_requested = false;
+    bool abandoned = false;  // accounted for and unpinned; UCX still owns the request
   };
 
   UcxServerOptions options;
@@ -98,13 +112,17 @@ struct UcxServer::Impl {
 
   std::thread thread;
   std::atomic<bool> stop{false};
-  bool shut_down = false;  // guarded by being called from the owner only
+  bool shut_down = false;  // touched by the owner's thread only
 
   // Progress thread only.
-  absl::flat_hash_set<ucp_ep_h> eps;
+  absl::flat_hash_map<EpId, ucp_ep_h> eps;
+  absl::flat_hash_map<ucp_ep_h, EpId> ep_ids;
+  EpId next_ep = 1;
   absl::flat_hash_set<Op*> inflight;
-  std::vector<void*> closing;  // ucp_ep_close_nbx requests not yet complete
-  std::vector<ucp_ep_h> to_close;  // endpoints reported failed by UCX
+  absl::flat_hash_set<Op*> abandoned;  // freed when UCX completes them, or at Destroy
+  std::vector<void*> closing;          // ucp_ep_close_nbx requests not yet complete
+  std::vector<EpId> to_close;          // endpoints reported failed by UCX
+  std::vector<std::pair<Op*, ucs_status_t>> deferred;  // completed when posted; see Track
   absl::Time next_sweep;
 
   ~Impl() {
@@ -197,8 +215,12 @@ struct UcxServer::Impl {
     listener = nullptr;
     if (worker != nullptr) ucp_worker_destroy(worker);
     worker = nullptr;
-    // With the worker gone nothing can touch the slots any more: drop what never completed.
-    for (Op* op : std::vector<Op*>(inflight.begin(), inflight.end())) Complete(op, UCS_ERR_CANCELED, 0, false);
+    // With the worker gone nothing can touch the slots any more: settle what never completed.
+    RunDeferred();
+    for (Op* op : std::vector<Op*>(inflight.begin(), inflight.end())) Complete(op, UCS_ERR_CANCELED, 0);
+    RunDeferred();  // completions may have posted further sends; with no endpoint left they fail at once
+    for (Op* op : abandoned) delete op;
+    abandoned.clear();
     if (memh != nullptr) ucp_mem_unmap(context, memh);
     memh = nullptr;
     if (context != nullptr) ucp_cleanup(context);
@@ -211,7 +233,13 @@ struct UcxServer::Impl {
     next_sweep = absl::Now() + kSweepInterval;
     int idle = 0;
     while (!stop.load(std::memory_order_acquire)) {
-      if (ucp_worker_progress(worker) != 0) {
+      const unsigned progressed = ucp_worker_progress(worker);
+      if (!deferred.empty()) {
+        RunDeferred();
+        idle = 0;
+        continue;
+      }
+      if (progressed != 0) {
         idle = 0;
         continue;
       }
@@ -224,17 +252,20 @@ struct UcxServer::Impl {
       uint64_t drained;
       if (fds[1].revents != 0) (void)!read(wake_fd, &drained, sizeof(drained));
     }
-    // Stopping: cancel receives, force-close every endpoint (completing their requests), drain.
+    // Stopping: cancel receives, force-close every endpoint, drain what completes.
     for (Op* op : std::vector<Op*>(inflight.begin(), inflight.end())) {
       if (inflight.contains(op) && op->request != nullptr && !op->cancel_requested) {
         op->cancel_requested = true;
         ucp_request_cancel(worker, op->request);
       }
     }
-    for (ucp_ep_h ep : std::vector<ucp_ep_h>(eps.begin(), eps.end())) CloseEp(ep);
+    std::vector<EpId> all;
+    for (const auto& [id, ep] : eps) all.push_back(id);
+    for (EpId id : all) CloseEp(id);
     const absl::Time until = absl::Now() + kShutdownDrain;
-    while ((!inflight.empty() || !closing.empty()) && absl::Now() < until) {
+    while ((!inflight.empty() || !closing.empty() || !deferred.empty()) && absl::Now() < until) {
       ucp_worker_progress(worker);
+      RunDeferred();
       ReapCloses();
     }
     for (void* r : closing) ucp_request_free(r);
@@ -251,22 +282,30 @@ struct UcxServer::Impl {
 
   void MaintenanceIfDue() {
     ReapCloses();
-    for (ucp_ep_h ep : to_close) {
-      if (eps.contains(ep)) CloseEp(ep);
-    }
+    for (EpId id : std::vector<EpId>(std::move(to_close))) CloseEp(id);
     to_close.clear();
     const absl::Time now = absl::Now();
     if (now < next_sweep) return;
     next_sweep = now + kSweepInterval;
-    // Transfers past their time: cancel receives that are not matched yet; force-close the endpoint of
-    // anything else (a send, or a receive whose data stopped coming), which completes its requests.
+    // Transfers past their time: cancel receives not matched yet; force-close the endpoint of anything
+    // else (a send waiting for its client, a receive whose data stopped coming). UCX 1.13 does not
+    // always complete such requests when their endpoint closes (in error mode NONE, after the client
+    // died); those are abandoned one more transfer_timeout later: unpinned and counted, the request left
+    // to UCX. By then the client's own deadline has passed, so nothing can still read such a slot, and a
+    // late read would fail the client's checksum check.
     std::vector<Op*> late;
     for (Op* op : inflight) {
       if (now - op->start > options.transfer_timeout) late.push_back(op);
     }
-    absl::flat_hash_set<ucp_ep_h> close;
+    absl::flat_hash_set<EpId> close;
+    uint64_t given_up = 0;
     for (Op* op : late) {
       if (!inflight.contains(op)) continue;  // completed by an earlier cancel's callback chain
+      if (now - op->closed > options.transfer_timeout) {
+        Abandon(op);
+        ++given_up;
+        continue;
+      }
       const bool is_recv = op->batch->is_put;
       if (is_recv && !op->cancel_requested) {
         op->cancel_requested = true;
@@ -275,13 +314,24 @@ struct UcxServer::Impl {
       }
       if (!is_recv || now - op->start > 2 * options.transfer_timeout) close.insert(op->ep);
     }
-    for (ucp_ep_h ep : close) {
-      if (eps.contains(ep)) CloseEp(ep);
+    for (EpId id : close) CloseEp(id);
+    if (given_up > 0) {
+      std::fprintf(stderr, "kvtier-server: gave up on %llu UCX transfers of closed endpoints\n",
+                   static_cast<unsigned long long>(given_up));
     }
   }
 
-  void CloseEp(ucp_ep_h ep) {
-    eps.erase(ep);
+  // Force-closes endpoint `id` (if still open): UCX completes what it can with UCS_ERR_CANCELED.
+  void CloseEp(EpId id) {
+    auto it = eps.find(id);
+    if (it == eps.end()) return;
+    ucp_ep_h ep = it->second;
+    eps.erase(it);
+    ep_ids.erase(ep);
+    const absl::Time now = absl::Now();
+    for (Op* op : inflight) {
+      if (op->ep == id && op->closed == absl::InfiniteFuture()) op->closed = now;
+    }
     ucp_request_param_t p{};
     p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
     p.flags = UCP_EP_CLOSE_FLAG_FORCE;
@@ -309,56 +359,68 @@ struct UcxServer::Impl {
     ep.field_mask = UCP_EP_PARAM_FIELD_CONN_REQUEST | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
                     UCP_EP_PARAM_FIELD_ERR_HANDLER;
     ep.conn_request = conn_request;
-    ep.err_mode = UCP_ERR_HANDLING_MODE_NONE;  // keeps shared memory's single-copy path (see the class comment)
+    // NONE keeps shared memory's single-copy path (see the class comment). It must match the client's:
+    // a server endpoint in PEER mode does not connect to a client in NONE mode.
+    ep.err_mode = UCP_ERR_HANDLING_MODE_NONE;
     ep.err_handler.cb = &Impl::OnEpError;
     ep.err_handler.arg = self;
     ucp_ep_h handle = nullptr;
     if (ucp_ep_create(self->worker, &ep, &handle) == UCS_OK) {
-      self->eps.insert(handle);
+      const EpId id = self->next_ep++;
+      self->eps[id] = handle;
+      self->ep_ids[handle] = id;
     } else {
       ucp_listener_reject(self->listener, conn_request);
     }
   }
 
   static void OnEpError(void* arg, ucp_ep_h ep, ucs_status_t) {
-    static_cast<Impl*>(arg)->to_close.push_back(ep);  // closed outside UCX's callback
+    auto* self = static_cast<Impl*>(arg);
+    if (auto it = self->ep_ids.find(ep); it != self->ep_ids.end()) {
+      self->to_close.push_back(it->second);  // closed outside UCX's callback
+    }
   }
 
-  // The message of an AM, or nullopt for a rendezvous one (clients send eager only) or a missing reply ep.
-  static bool Usable(Impl* self, void* data, const ucp_am_recv_param_t* param) {
+  // The endpoint an AM came from, or 0 for a rendezvous one (clients send eager only) or an unknown sender.
+  static EpId Sender(Impl* self, void* data, const ucp_am_recv_param_t* param) {
     if ((param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0) {
       ucp_am_data_release(self->worker, data);
-      return false;
+      return 0;
     }
-    return (param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) != 0 && param->reply_ep != nullptr;
+    if ((param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) == 0 || param->reply_ep == nullptr) return 0;
+    auto it = self->ep_ids.find(param->reply_ep);
+    return it == self->ep_ids.end() ? 0 : it->second;
   }
 
   static ucs_status_t OnHello(void* arg, const void*, size_t, void* data, size_t length,
                               const ucp_am_recv_param_t* param) {
     auto* self = static_cast<Impl*>(arg);
-    if (!Usable(self, data, param)) return UCS_OK;
+    const EpId ep = Sender(self, data, param);
+    if (ep == 0) return UCS_OK;
     auto hello = msg::DecodeHello({static_cast<const std::byte*>(data), length});
     if (!hello.has_value()) return UCS_OK;
     msg::HelloReply reply{.version = msg::kProtocolVersion, .nonce = hello->nonce, .node_id = self->options.node_id};
-    self->SendAm(param->reply_ep, msg::kHelloReply, msg::Encode(reply));
+    self->SendAm(ep, msg::kHelloReply, msg::Encode(reply));
     return UCS_OK;
   }
 
   static ucs_status_t OnGet(void* arg, const void*, size_t, void* data, size_t length,
                             const ucp_am_recv_param_t* param) {
     auto* self = static_cast<Impl*>(arg);
-    if (!Usable(self, data, param)) return UCS_OK;
+    const EpId ep = Sender(self, data, param);
+    if (ep == 0) return UCS_OK;
     auto req = msg::DecodeGetRequest({static_cast<const std::byte*>(data), length});
-    if (req.has_value() && !req->indices.empty()) self->StartGet(param->reply_ep, *req);
+    if (req.has_value() && !req->indices.empty()) self->StartGet(ep, *req);
     return UCS_OK;
   }
 
   static ucs_status_t OnPut(void* arg, const void*, size_t, void* data, size_t length,
                             const ucp_am_recv_param_t* param) {
     auto* self = static_cast<Impl*>(arg);
-    if (!Usable(self, data, param)) return UCS_OK;
+    const EpId ep = Sender(self, data, param);
+    if (ep == 0) return UCS_OK;
     auto req = msg::DecodePutRequest({static_cast<const std::byte*>(data), length});
-    if (req.has_value()) self->StartPut(param->reply_ep, *req);
+    if (req.has_value()) self->StartPut(ep, *req);
     return UCS_OK;
   }
 
@@ -366,7 +428,7 @@ struct UcxServer::Impl {
     Op* op = static_cast<Op*>(user_data);
     ucp_request_free(request);
     op->request = nullptr;
-    op->impl->Complete(op, status, op->size, true);
+    op->impl->Completed(op, status, op->size);
   }
 
   static void OnRecvDone(void* request, ucs_status_t status, const ucp_tag_recv_info_t* info, void* user_data) {
@@ -374,7 +436,7 @@ struct UcxServer::Impl {
     const uint64_t length = status == UCS_OK && info != nullptr ? info->length : 0;
     ucp_request_free(request);
     op->request = nullptr;
-    op->impl->Complete(op, status, length, true);
+    op->impl->Completed(op, status, length);
   }
 
   static void OnAmSent(void* request, ucs_status_t, void* user_data) {
@@ -384,50 +446,61 @@ struct UcxServer::Impl {
 
   // ---- requests ----
 
-  void SendAm(ucp_ep_h ep, uint16_t id, std::string payload) {
-    if (!eps.contains(ep)) return;
+  void SendAm(EpId id, uint16_t am_id, std::string payload) {
+    auto it = eps.find(id);
+    if (it == eps.end()) return;
     auto* buf = new std::string(std::move(payload));
     ucp_request_param_t p{};
     p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
     p.cb.send = &Impl::OnAmSent;
     p.user_data = buf;
     p.flags = UCP_AM_SEND_FLAG_EAGER;
-    ucs_status_ptr_t r = ucp_am_send_nbx(ep, id, nullptr, 0, buf->data(), buf->size(), &p);
+    ucs_status_ptr_t r = ucp_am_send_nbx(it->second, am_id, nullptr, 0, buf->data(), buf->size(), &p);
     if (!UCS_PTR_IS_PTR(r)) delete buf;  // done at once, or failed
   }
 
-  void StartGet(ucp_ep_h ep, const msg::GetRequest& req) {
+  void StartGet(EpId ep, const msg::GetRequest& req) {
     auto* batch = new Batch{.is_put = false, .request_id = req.request_id, .id = req.lease_id, .flags = req.flags,
-                            .reply_ep = ep, .ok = std::vector<uint8_t>(req.indices.size(), 0),
-                            .remaining = req.indices.size()};
-    static const std::byte kEmpty{};
-    const absl::Time now = absl::Now();
-    for (uint32_t j = 0; j < req.indices.size(); ++j) {
-      auto* op = new Op{.impl = this, .batch = batch, .slot = j, .index = req.indices[j], .ep = ep, .start = now};
-      const std::byte* data = &kEmpty;
-      auto pinned = store->PinForSend(req.lease_id, op->index);
-      if (pinned.ok()) {
-        op->pinned = true;
-        op->size = pinned->size_bytes;
-        data = pinned->data;
-      }  // else an empty message tells the client this block is not coming
-      ucp_request_param_t p{};
-      p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
-      p.cb.send = &Impl::OnSendDone;
-      p.user_data = op;
-      if (memh != nullptr && op->pinned && data >= region && data + op->size <= region + region_bytes) {
-        p.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMH;
-        p.memh = memh;
-      }
-      ucs_status_ptr_t r = ucp_tag_send_nbx(ep, data, op->size, req.tag_base + j, &p);
-      Track(op, r);
-    }
+                            .ep = ep, .ok = std::vector<uint8_t>(req.indices.size(), 0),
+                            .remaining = req.indices.size(), .indices = req.indices, .tag_base = req.tag_base};
+    // A window of sends: with every block's rendezvous in flight at once, UCX interleaves their
+    // fragments and every block lands at the end; a window makes blocks land one after another, so the
+    // client verifies each while the next moves (and while it is still in cache).
+    while (batch->next < batch->indices.size() && batch->in_flight_bytes < kSendWindowBytes) PostNextSend(batch);
   }
 
-  void StartPut(ucp_ep_h ep, const msg::PutRequest& req) {
-    auto* batch = new Batch{.is_put = true, .request_id = req.request_id, .id = req.reservation_id,
-                            .reply_ep = ep, .ok = std::vector<uint8_t>(req.indices.size(), 0),
-                            .remaining = req.indices.size()};
+  // Posts the batch's next send: its block from its pinned slot, or an empty message when it cannot be
+  // pinned (the client then knows it is not coming).
+  void PostNextSend(Batch* batch) {
+    static const std::byte kEmpty{};
+    const uint32_t j = static_cast<uint32_t>(batch->next++);
+    auto* op = new Op{.impl = this, .batch = batch, .slot = j, .index = batch->indices[j], .ep = batch->ep,
+                      .start = absl::Now()};
+    const std::byte* data = &kEmpty;
+    auto pinned = store->PinForSend(batch->id, op->index);
+    if (pinned.ok()) {
+      op->pinned = true;
+      op->size = pinned->size_bytes;
+      data = pinned->data;
+    }
+    batch->in_flight_bytes += std::max<uint64_t>(op->size, 1);
+    ucp_request_param_t p{};
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+    p.cb.send = &Impl::OnSendDone;
+    p.user_data = op;
+    if (memh != nullptr && op->pinned && data >= region && data + op->size <= region + region_bytes) {
+      p.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMH;
+      p.memh = memh;
+    }
+    auto it = eps.find(batch->ep);
+    ucs_status_ptr_t r = it != eps.end() ? ucp_tag_send_nbx(it->second, data, op->size, batch->tag_base + j, &p)
+                                         : UCS_STATUS_PTR(UCS_ERR_CANCELED);  // closed meanwhile
+    Track(op, r);
+  }
+
+  void StartPut(EpId ep, const msg::PutRequest& req) {
+    auto* batch = new Batch{.is_put = true, .request_id = req.request_id, .id = req.reservation_id, .ep = ep,
+                            .ok = std::vector<uint8_t>(req.indices.size(), 0), .remaining = req.indices.size()};
     if (req.indices.empty()) {
       FinishBatch(batch);
       return;
@@ -437,7 +510,7 @@ struct UcxServer::Impl {
     for (uint32_t j = 0; j < req.indices.size(); ++j) {
       auto* op = new Op{.impl = this, .batch = batch, .slot = j, .index = req.indices[j], .ep = ep, .start = now};
       if (!taggable || op->index > msg::kMaxTagIndex) {
-        Complete(op, UCS_ERR_INVALID_PARAM, 0, false);  // the client cannot have a valid tag for it
+        deferred.push_back({op, UCS_ERR_INVALID_PARAM});  // the client cannot have a valid tag for it
         continue;
       }
       std::byte* data = nullptr;
@@ -446,6 +519,7 @@ struct UcxServer::Impl {
         op->pinned = true;
         op->size = pinned->size_bytes;
         data = pinned->data;
+        op->data = data;
       }  // else a zero-byte receive drains the client's message (truncated), so its send completes
       ucp_request_param_t p{};
       p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
@@ -461,24 +535,60 @@ struct UcxServer::Impl {
     }
   }
 
-  // Records a send/receive just posted: in flight, or completed at once.
+  // Records a send/receive just posted: in flight, or completed at once. An immediate completion is
+  // handled from the progress loop, never inside the caller's loop over a batch (which it could end).
   void Track(Op* op, ucs_status_ptr_t r) {
     if (UCS_PTR_IS_PTR(r)) {
       op->request = r;
       inflight.insert(op);
     } else {
-      Complete(op, UCS_PTR_STATUS(r), UCS_PTR_STATUS(r) == UCS_OK ? op->size : 0, false);
+      deferred.push_back({op, UCS_PTR_STATUS(r)});
     }
   }
 
-  // One op finished (its request, if any, is already freed or never existed).
-  void Complete(Op* op, ucs_status_t status, uint64_t length, bool was_inflight) {
-    if (was_inflight || inflight.contains(op)) inflight.erase(op);
+  void RunDeferred() {
+    while (!deferred.empty()) {
+      std::vector<std::pair<Op*, ucs_status_t>> now;
+      now.swap(deferred);
+      for (auto [op, status] : now) Complete(op, status, status == UCS_OK ? op->size : 0);
+    }
+  }
+
+  // UCX completed op's request (a callback).
+  void Completed(Op* op, ucs_status_t status, uint64_t length) {
+    if (op->abandoned) {  // settled already
+      abandoned.erase(op);
+      delete op;
+      return;
+    }
+    Complete(op, status, length);
+  }
+
+  // Settles an op whose request UCX never completed (see MaintenanceIfDue).
+  void Abandon(Op* op) {
+    op->abandoned = true;
+    abandoned.insert(op);
+    Settle(op, UCS_ERR_CANCELED, 0);
+  }
+
+  // An op is done: unpin its slot, count it, and advance its batch; frees the op.
+  void Complete(Op* op, ucs_status_t status, uint64_t length) {
+    Settle(op, status, length);
+    delete op;
+  }
+
+  void Settle(Op* op, ucs_status_t status, uint64_t length) {
+    inflight.erase(op);
     Batch* batch = op->batch;
+    op->batch = nullptr;
     bool ok = false;
     if (batch->is_put) {
       ok = op->pinned && status == UCS_OK && length == op->size;
-      if (op->pinned) store->FinishReceive(batch->id, op->index, length, ok);
+      // Hash the block now, while it is in cache, so that Commit need not read it again. Abandoned ops
+      // are not hashed: UCX may not be done with their slot.
+      std::optional<uint64_t> sum;
+      if (ok && !op->abandoned) sum = BlockChecksum(op->data, op->size);
+      if (op->pinned) store->FinishReceive(batch->id, op->index, length, ok, sum);
       if (ok) {
         metrics->CountTransfer(Direction::kWrite, Transport::kUcx, length);
       } else {
@@ -487,6 +597,7 @@ struct UcxServer::Impl {
     } else {
       ok = op->pinned && status == UCS_OK;
       if (op->pinned) store->Unpin(batch->id, op->index);
+      batch->in_flight_bytes -= std::max<uint64_t>(op->size, 1);
       if (ok) {
         metrics->CountTransfer(Direction::kRead, Transport::kUcx, op->size);
       } else {
@@ -494,13 +605,19 @@ struct UcxServer::Impl {
       }
     }
     batch->ok[op->slot] = ok ? 1 : 0;
-    delete op;
-    if (--batch->remaining == 0) FinishBatch(batch);
+    if (--batch->remaining == 0) {
+      FinishBatch(batch);
+      return;
+    }
+    if (!batch->is_put) {
+      // Refill the send window. Immediate completions are deferred (Track), so this cannot recurse.
+      while (batch->next < batch->indices.size() && batch->in_flight_bytes < kSendWindowBytes) PostNextSend(batch);
+    }
   }
 
   void FinishBatch(Batch* batch) {
     if (batch->is_put) {
-      SendAm(batch->reply_ep, msg::kPutDone, msg::Encode(msg::PutDone{.request_id = batch->request_id, .ok = batch->ok}));
+      SendAm(batch->ep, msg::kPutDone, msg::Encode(msg::PutDone{.request_id = batch->request_id, .ok = batch->ok}));
     } else if ((batch->flags & msg::kGetRelease) != 0) {
       const uint64_t id = batch->id;
       store->Release(std::span<const uint64_t>(&id, 1));

@@ -235,16 +235,26 @@ class Client::Impl {
       ReleaseLease(m, head.lease_id());
       return;
     }
-    const UcxClient::TransferResult r = ucx->Get(endpoint, head.lease_id(), /*release=*/true, indices, bufs, deadline);
-    uint64_t arrived = 0;
-    for (size_t j = 0; j < indices.size(); ++j) {
+    // Each block's checksum is verified as soon as it lands, while the next ones are still moving.
+    std::vector<uint8_t> verified(indices.size(), 0);
+    auto verify = [&](size_t j) {
       const size_t k = positions[j];
       const uint32_t i = idx[k];
-      if (r.items[j] != UcxClient::ItemStatus::kOk) continue;  // kMissFromError
-      ++arrived;
       results[i] = BlockChecksum(buffers[i].data(), block_bytes) == head.blocks(static_cast<int>(k)).checksum()
                        ? GetResult::kHit
                        : GetResult::kChecksumMismatch;
+      verified[j] = 1;
+    };
+    const UcxClient::TransferResult r =
+        ucx->Get(endpoint, head.lease_id(), /*release=*/true, indices, bufs, deadline, verify);
+    uint64_t arrived = 0;
+    for (size_t j = 0; j < indices.size(); ++j) {
+      if (r.items[j] != UcxClient::ItemStatus::kOk) {
+        results[idx[positions[j]]] = GetResult::kMissFromError;  // whatever a verify saw, it did not finish in time
+        continue;
+      }
+      ++arrived;
+      if (verified[j] == 0) verify(j);
     }
     stats.ucx_get_blocks.fetch_add(arrived, std::memory_order_relaxed);
     if (r.endpoint_failed) {
@@ -636,13 +646,21 @@ absl::StatusOr<std::vector<PutResult>> Client::Put(const Namespace& ns, std::spa
     }
     if (allocated.empty()) return;
     // Phase 1b: the bytes into the reserved slots: over UCX straight into them, or streamed over gRPC.
+    auto ComputeChecksums = [&] {
+      std::vector<uint64_t> sums(idx.size(), 0);
+      for (uint32_t k : allocated) sums[k] = BlockChecksum(blocks[idx[k]].data(), block_bytes);
+      return sums;
+    };
+    std::vector<uint64_t> checksums;
     bool ok = true;
     if (ucx_endpoint.has_value()) {
       std::vector<uint32_t> indices(allocated.begin(), allocated.end());
       std::vector<std::span<const std::byte>> data;
       for (uint32_t k : allocated) data.push_back(blocks[idx[k]]);
-      const UcxClient::TransferResult r = im.ucx->Put(*ucx_endpoint, aresp.reservation_id(), indices, data,
-                                                      absl::Now() + im.options.rpc_timeout);
+      // The commit's checksums are computed while the bytes move.
+      const UcxClient::TransferResult r =
+          im.ucx->Put(*ucx_endpoint, aresp.reservation_id(), indices, data, absl::Now() + im.options.rpc_timeout,
+                      [&] { checksums = ComputeChecksums(); });
       uint64_t taken = 0;
       for (auto item : r.items) taken += item == UcxClient::ItemStatus::kOk;
       im.stats.ucx_put_blocks.fetch_add(taken, std::memory_order_relaxed);
@@ -674,8 +692,8 @@ absl::StatusOr<std::vector<PutResult>> Client::Put(const Namespace& ns, std::spa
     // Phase 2: commit with checksums (entries for keys not allocated are ignored by the server).
     v1::CommitRequest creq;
     creq.set_reservation_id(aresp.reservation_id());
-    creq.mutable_checksums()->Resize(static_cast<int>(idx.size()), 0);
-    for (uint32_t k : allocated) creq.set_checksums(static_cast<int>(k), BlockChecksum(blocks[idx[k]].data(), block_bytes));
+    if (checksums.empty()) checksums = ComputeChecksums();
+    creq.mutable_checksums()->Add(checksums.begin(), checksums.end());
     v1::CommitResponse cresp;
     if (ok) {
       grpc::ClientContext ctx;

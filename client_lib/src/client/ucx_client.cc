@@ -28,7 +28,7 @@ namespace msg = wire::ucx;
 using ItemStatus = UcxClient::ItemStatus;
 
 constexpr ucp_tag_t kFullMask = ~ucp_tag_t{0};
-constexpr int kIdleSpins = 4000;  // progress calls with nothing done before the thread sleeps in poll()
+constexpr int kIdleSpins = 256;   // progress calls with nothing done before the thread sleeps in poll()
 // After a missed deadline: how long to wait for cancelled receives, then for the force-closed
 // endpoint's requests to complete.
 constexpr absl::Duration kCancelGrace = absl::Milliseconds(50);
@@ -66,11 +66,13 @@ struct Transfer {
   bool put_done = false;               // guarded by mu
   std::string node_id;                 // guarded by mu: the hello reply
   bool failed = false;                 // guarded by mu: the endpoint is unknown, failed or a send failed
+  std::vector<uint32_t> arrived;       // guarded by mu: items that completed kOk, in completion order
   std::vector<void*> requests;         // progress thread: per item, the request while in flight
   std::vector<uint64_t> expected;      // per item: bytes a receive must bring
 
   void Done(std::unique_lock<std::mutex>&) {
-    if (--remaining == 0) cv.notify_all();
+    --remaining;
+    cv.notify_all();  // also wakes a caller that consumes arrivals one by one
   }
 };
 
@@ -335,6 +337,7 @@ struct UcxClient::Impl {
     {
       std::unique_lock<std::mutex> lock(t.mu);
       t.items[op->slot] = s;
+      if (s == ItemStatus::kOk) t.arrived.push_back(op->slot);
       t.Done(lock);
     }
     delete op;
@@ -366,11 +369,27 @@ struct UcxClient::Impl {
 
   // Waits for `t` until `deadline`; on a miss cancels what can be cancelled, force-closes the endpoint
   // and waits for the requests to complete. True when everything completed by the deadline.
+  // `on_arrival(j)` (may be empty) runs on the caller's thread for each item as soon as it completed
+  // kOk, while the rest are in flight.
   bool Await(const std::shared_ptr<Transfer>& t, EndpointId endpoint, absl::Time deadline,
-             std::function<void()> forget) {
+             std::function<void()> forget, const std::function<void(size_t)>& on_arrival = {}) {
     {
       std::unique_lock<std::mutex> lock(t->mu);
-      if (t->cv.wait_until(lock, absl::ToChronoTime(deadline), [&] { return t->remaining == 0; })) return true;
+      size_t seen = 0;
+      const auto until = absl::ToChronoTime(deadline);
+      while (t->cv.wait_until(lock, until, [&] {
+        return t->remaining == 0 || (on_arrival && t->arrived.size() > seen);
+      })) {
+        if (on_arrival && t->arrived.size() > seen) {
+          const std::vector<uint32_t> fresh(t->arrived.begin() + static_cast<ptrdiff_t>(seen), t->arrived.end());
+          seen = t->arrived.size();
+          lock.unlock();
+          for (uint32_t j : fresh) on_arrival(j);
+          lock.lock();
+          continue;
+        }
+        return true;  // remaining == 0
+      }
     }
     Enqueue([this, t, forget] {
       forget();
@@ -465,7 +484,8 @@ void UcxClient::Close(EndpointId endpoint) {
 
 UcxClient::TransferResult UcxClient::Get(EndpointId endpoint, uint64_t lease_id, bool release,
                                          std::span<const uint32_t> indices,
-                                         std::span<const std::span<std::byte>> buffers, absl::Time deadline) {
+                                         std::span<const std::span<std::byte>> buffers, absl::Time deadline,
+                                         const std::function<void(size_t)>& on_arrival) {
   Impl& im = *impl_;
   const size_t n = indices.size();
   TransferResult result;
@@ -511,7 +531,7 @@ UcxClient::TransferResult UcxClient::Get(EndpointId endpoint, uint64_t lease_id,
       }
     }
   });
-  const bool in_time = im.Await(t, endpoint, deadline, [] {});
+  const bool in_time = im.Await(t, endpoint, deadline, [] {}, on_arrival);
   std::lock_guard<std::mutex> lock(t->mu);
   result.items = t->items;
   result.endpoint_failed = !in_time || t->failed;
@@ -521,7 +541,8 @@ UcxClient::TransferResult UcxClient::Get(EndpointId endpoint, uint64_t lease_id,
 
 UcxClient::TransferResult UcxClient::Put(EndpointId endpoint, uint64_t reservation_id,
                                          std::span<const uint32_t> indices,
-                                         std::span<const std::span<const std::byte>> blocks, absl::Time deadline) {
+                                         std::span<const std::span<const std::byte>> blocks, absl::Time deadline,
+                                         const std::function<void()>& meanwhile) {
   Impl& im = *impl_;
   const size_t n = indices.size();
   TransferResult result;
@@ -570,6 +591,7 @@ UcxClient::TransferResult UcxClient::Put(EndpointId endpoint, uint64_t reservati
       t->Done(lock);
     }
   });
+  if (meanwhile) meanwhile();  // e.g. checksums, while the bytes move
   const bool in_time = im.Await(t, endpoint, deadline, [&im, request_id] { im.Forget(im.pending_put, request_id); });
   std::lock_guard<std::mutex> lock(t->mu);
   result.endpoint_failed = !in_time || t->failed;

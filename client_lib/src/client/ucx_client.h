@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -56,14 +57,19 @@ class UcxClient {
   // Asks the server to send block `indices[j]` of lease `lease_id` into `buffers[j]` (borrowed until
   // return) and waits until every block arrived or `deadline`. A block counts as kOk only with exactly
   // buffers[j].size() bytes. release: the server releases the lease after its last send.
+  // on_arrival(j), if set, runs on the calling thread as soon as block j arrived (kOk) while others are
+  // still in flight, e.g. to verify its checksum; not for blocks that arrive after the deadline.
   TransferResult Get(EndpointId endpoint, uint64_t lease_id, bool release, std::span<const uint32_t> indices,
-                     std::span<const std::span<std::byte>> buffers, absl::Time deadline);
+                     std::span<const std::span<std::byte>> buffers, absl::Time deadline,
+                     const std::function<void(size_t)>& on_arrival = {});
 
   // Sends `blocks[j]` (borrowed until return) into block `indices[j]` of reservation `reservation_id` and
   // waits for the server's kPutDone (every receive finished) or `deadline`. kOk: the server has all the
   // bytes of that block (Commit still verifies them).
+  // meanwhile, if set, runs on the calling thread while the bytes move (e.g. the commit's checksums).
   TransferResult Put(EndpointId endpoint, uint64_t reservation_id, std::span<const uint32_t> indices,
-                     std::span<const std::span<const std::byte>> blocks, absl::Time deadline);
+                     std::span<const std::span<const std::byte>> blocks, absl::Time deadline,
+                     const std::function<void()>& meanwhile = {});
 
   uint64_t abandoned_requests() const;
 

@@ -144,6 +144,27 @@ TEST_F(BlockStorePinTest, ReceiveExcludesWritesAndCommitWaitsForIt) {
   EXPECT_EQ(store_->PinForSend(999, 0).status().code(), absl::StatusCode::kFailedPrecondition);
 }
 
+TEST_F(BlockStorePinTest, ChecksumComputedAtReceiveIsWhatCommitChecks) {
+  const BlockKey keys[2] = {Key(1), Key(2)};
+  auto a = store_->Allocate(ns_, keys);
+  ASSERT_OK(a);
+  const auto b0 = Payload(3), b1 = Payload(4);
+  for (uint32_t i = 0; i < 2; ++i) {
+    auto pinned = store_->PinForReceive(a->reservation_id, i);
+    ASSERT_OK(pinned);
+    std::memcpy(pinned->data, (i == 0 ? b0 : b1).data(), kBlock);
+  }
+  const uint64_t s0 = BlockChecksum(b0.data(), kBlock), s1 = BlockChecksum(b1.data(), kBlock);
+  store_->FinishReceive(a->reservation_id, 0, kBlock, true, s0);
+  store_->FinishReceive(a->reservation_id, 1, kBlock, true, s0);  // as if block 1 had landed as b0's bytes
+  const uint64_t sums[2] = {s0, s1};
+  auto c = store_->Commit(a->reservation_id, sums);
+  ASSERT_OK(c);
+  EXPECT_EQ((*c)[0], CommitOutcome::kCommitted);
+  EXPECT_EQ((*c)[1], CommitOutcome::kChecksumMismatch);
+  EXPECT_EQ(store_->stats().checksum_failures.load(), 1u);
+}
+
 TEST_F(BlockStorePinTest, ReleasedLeaseEndsAtTheLastUnpin) {
   ASSERT_EQ(PutByReceive(1, 5), CommitOutcome::kCommitted);
   const BlockKey k = Key(1);

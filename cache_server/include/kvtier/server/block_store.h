@@ -29,7 +29,9 @@ class DiskTier;  // src/storage/disk_tier.h
 struct BlockStoreOptions {
   uint64_t capacity_bytes = 1ULL << 30;      // Default: 1 GiB of host memory for blocks.
   uint64_t slab_bytes = 64ULL << 20;         // Default: 64 MiB; also the largest block accepted.
-  std::string eviction_policy = "lru";       // See NewEvictionPolicy().
+  std::string eviction_policy = "lru";       // See NewEvictionPolicy() and EvictionPolicyNames().
+  double frequency_weight = 0.3;             // "weighted" policy only (EvictionPolicyOptions)
+  double recency_weight = 0.7;
   absl::Duration default_lease_ttl = absl::Seconds(10);  // Read leases when the caller names none.
   absl::Duration max_lease_ttl = absl::Seconds(60);      // Longer requests are capped to this.
   absl::Duration reservation_ttl = absl::Seconds(30);    // Uncommitted slots return after this.
@@ -200,8 +202,12 @@ class BlockStore {
   absl::StatusOr<PinnedBlock> PinForReceive(uint64_t reservation_id, uint32_t index);
   // Ends one successful PinForReceive. With ok and bytes == the block's size the block counts as fully
   // written (Commit then verifies its checksum); otherwise it stays unwritten (Commit: kIncomplete).
+  // `checksum`, when given, is the XXH3-64 the caller computed over the slot's bytes after they landed
+  // (while they were still in cache); Commit compares against it instead of hashing the slot again.
+  // The slot cannot change in between: Write() to a received block is refused.
   // Ends the reservation if it was aborted or expired meanwhile.
-  void FinishReceive(uint64_t reservation_id, uint32_t index, uint64_t bytes, bool ok);
+  void FinishReceive(uint64_t reservation_id, uint32_t index, uint64_t bytes, bool ok,
+                     std::optional<uint64_t> checksum = std::nullopt);
 
   // Expires reservations and leases past their deadline (every other call also does so lazily).
   void ExpireNow();
@@ -302,6 +308,7 @@ class BlockStore {
     std::vector<EntryHandle> entries;  // per key index; kNoEntry when not allocated
     std::vector<uint64_t> written;     // bytes written per key
     std::vector<uint8_t> receiving;    // per key: 1 while a PinForReceive transfer is in flight
+    std::vector<std::optional<uint64_t>> received_checksum;  // per key: from FinishReceive, if given
     absl::Time expiry;
     uint32_t pins = 0;
     bool dead = false;

@@ -1,0 +1,55 @@
+// Offline replay of a trace through an eviction policy (the server's own code) or through Belady's
+// per-block optimum, by the reference rules of ../shared/data/README.md:
+//   - a request's hit is its count of leading blocks present before it is served; the block hit ratio
+//     is the sum of hits over the sum of blocks (every hash id counts as one block);
+//   - after each request its blocks are touched (present: OnAccess) or inserted (absent: evict while
+//     full, then OnInsert) in order, first to last.
+// With `nodes` > 1 the blocks are partitioned by a hash of their key, each node has capacity / nodes
+// blocks (the remainder to the first nodes) and its own policy, and a hit is the leading run present
+// on whichever node owns each block (what the client computes across owners).
+#ifndef KVTIER_BENCH_POLICY_SIM_SIMULATOR_H_
+#define KVTIER_BENCH_POLICY_SIM_SIMULATOR_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "kvtier/server/eviction_policy.h"
+#include "trace.h"
+
+namespace kvtier::bench {
+
+struct SimOptions {
+  uint64_t capacity_blocks = 0;  // over all nodes; 0 = infinite (nothing is ever evicted)
+  uint32_t nodes = 1;            // hash partitions, each with its own policy instance
+  uint64_t block_bytes = 0;      // BlockAccess::size_bytes of every block; 0 = block_tokens x 1 KiB
+};
+
+struct SimResult {
+  uint64_t hit_blocks = 0;    // sum over requests of the leading run present
+  uint64_t blocks = 0;        // sum over requests of their blocks
+  uint64_t evictions = 0;     // blocks evicted to make room
+  uint64_t not_admitted = 0;  // absent blocks left out (Admit() said no, or Belady's rule)
+  double hit_ratio() const { return blocks == 0 ? 0.0 : static_cast<double>(hit_blocks) / blocks; }
+};
+
+using PolicyFactory = std::function<absl::StatusOr<std::unique_ptr<server::EvictionPolicy>>()>;
+
+// Replays `trace` through fresh policies from `factory` (one per node). BlockAccess carries the
+// block's depth in its request, the request's namespace, `block_bytes` and the request's time.
+// Handles are dense and the most recently freed one is reused first, as BlockStore does.
+// Errors: whatever `factory` returns; InvalidArgument when capacity_blocks < nodes.
+absl::StatusOr<SimResult> SimulatePolicy(const SimTrace& trace, const PolicyFactory& factory,
+                                         const SimOptions& options);
+
+// Belady's per-block reference: the victim is the cached block whose next use is farthest; an
+// incoming block whose next use is farther than every cached block's, or that is never used again, is
+// not admitted. A block's next use is the position of its next access in the trace's access sequence
+// (requests concatenated, blocks first to last), so among the blocks of one future request the later
+// (deeper) one is the farther. Errors: InvalidArgument when capacity_blocks < nodes.
+absl::StatusOr<SimResult> SimulateBelady(const SimTrace& trace, const SimOptions& options);
+
+}  // namespace kvtier::bench
+
+#endif  // KVTIER_BENCH_POLICY_SIM_SIMULATOR_H_
