@@ -8,6 +8,7 @@
 #   --json                print the report as one JSON object (fields: bench/README.md)
 #   --limit N             replay only the first N requests
 #   --block-bytes B       payload bytes per block (default 32768)
+#   --policy NAME         the servers' eviction policy: lru (default), weighted or prefix_lrfu
 #   --disk-blocks N       add a RocksDB disk tier of N blocks to the cluster (split evenly); host
 #                         evictions then demote to disk, and capacity for the report is host + disk
 #   --transport T         block bytes over auto (default: UCX, which the servers offer on 127.0.0.1),
@@ -21,6 +22,7 @@ JSON=0
 LIMIT=0
 BLOCK_BYTES=32768
 DISK_BLOCKS=0
+POLICY=lru
 TRANSPORT=auto
 NODES=3
 while [[ $# -gt 0 ]]; do
@@ -31,8 +33,9 @@ while [[ $# -gt 0 ]]; do
     --limit) LIMIT=$2; shift 2 ;;
     --block-bytes) BLOCK_BYTES=$2; shift 2 ;;
     --disk-blocks) DISK_BLOCKS=$2; shift 2 ;;
+    --policy) POLICY=$2; shift 2 ;;
     --transport) TRANSPORT=$2; shift 2 ;;
-    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
     *) echo "demo.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -75,7 +78,7 @@ for i in $(seq 1 "$NODES"); do
   fi
   "$BUILD/cache_server/kvtier-server" --node_id="node-$i" --listen_address=127.0.0.1:0 \
     --metrics_address=127.0.0.1:0 --port_file="$WORK/node-$i.port" \
-    --host_cache_bytes="$HOST_BYTES" "${DISK_ARGS[@]}" "${UCX_ARGS[@]}" 2>"$WORK/node-$i.log" &
+    --host_cache_bytes="$HOST_BYTES" --eviction_policy="$POLICY" "${DISK_ARGS[@]}" "${UCX_ARGS[@]}" 2>"$WORK/node-$i.log" &
   PIDS+=($!)
 done
 for i in $(seq 1 "$NODES"); do
