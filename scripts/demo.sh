@@ -35,7 +35,7 @@ while [[ $# -gt 0 ]]; do
     --disk-blocks) DISK_BLOCKS=$2; shift 2 ;;
     --policy) POLICY=$2; shift 2 ;;
     --transport) TRANSPORT=$2; shift 2 ;;
-    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
     *) echo "demo.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
