@@ -764,39 +764,18 @@ BlockStore::ReadLease BlockStore::AcquireRead(const NamespaceRef& ns, std::span<
 }
 
 absl::Status BlockStore::CopyOut(uint64_t lease_id, uint32_t index, uint64_t offset, std::span<std::byte> dst) {
-  const std::byte* src = nullptr;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    ExpireLocked(clock_->Now());
-    auto it = leases_.find(lease_id);
-    if (it == leases_.end() || it->second.dead) {
-      return absl::FailedPreconditionError(absl::StrCat("lease ", lease_id, " is unknown, released or expired"));
-    }
-    Lease& lease = it->second;
-    if (index >= lease.entries.size() || lease.entries[index] == kNoEntry) {
-      return absl::InvalidArgumentError(absl::StrCat("block ", index, " is not held by lease ", lease_id));
-    }
-    const Entry& e = entries_[lease.entries[index]];
-    if (offset > e.size_bytes || dst.size() > e.size_bytes - offset) {
-      return absl::InvalidArgumentError(absl::StrCat("range [", offset, ", ", offset + dst.size(),
-                                                     ") is past the block's ", e.size_bytes, " bytes"));
-    }
-    if (index < lease.owned.size() && !lease.owned[index].empty()) {
-      src = lease.owned[index].data() + offset;  // read from disk for this lease, not promoted
-    } else {
-      src = allocator_->Data(e.slot) + offset;
-    }
-    ++lease.pins;
+  // The copy runs unlocked; the pin keeps the bytes (and defers the lease's end) until Unpin.
+  auto pinned = PinForSend(lease_id, index);
+  if (!pinned.ok()) return pinned.status();
+  absl::Status status = absl::OkStatus();
+  if (offset > pinned->size_bytes || dst.size() > pinned->size_bytes - offset) {
+    status = absl::InvalidArgumentError(absl::StrCat("range [", offset, ", ", offset + dst.size(),
+                                                     ") is past the block's ", pinned->size_bytes, " bytes"));
+  } else if (!dst.empty()) {
+    std::memcpy(dst.data(), pinned->data + offset, dst.size());
   }
-  if (!dst.empty()) std::memcpy(dst.data(), src, dst.size());
-  std::lock_guard<std::mutex> lock(mu_);
-  auto it = leases_.find(lease_id);
-  Lease& lease = it->second;
-  if (--lease.pins == 0 && lease.dead) {
-    lease.dead = false;
-    EndLeaseLocked(lease_id, lease);
-  }
-  return absl::OkStatus();
+  Unpin(lease_id, index);
+  return status;
 }
 
 uint32_t BlockStore::Release(std::span<const uint64_t> lease_ids) {

@@ -245,8 +245,9 @@ TEST_P(UcxInProcessTest, ServerStoppedMidTransferGivesMissesWithinTheDeadline) {
   while (calls.load() < before + 2) std::this_thread::sleep_for(std::chrono::milliseconds(5));
   stop = true;
   const absl::Duration slowest = getter.get();
-  // rpc_timeout for the lease and the transfer together, plus the cancel and close grace.
-  EXPECT_LT(slowest, timeout + absl::Milliseconds(1500));
+  // rpc_timeout for the lease and the transfer together, plus the cancel and close grace, plus room for
+  // a 2-core machine under load (the bound is what matters: a hang would run into the ctest timeout).
+  EXPECT_LT(slowest, timeout + absl::Milliseconds(3000));
   EXPECT_GT(c->stats().misses_from_errors.load(), 0u);
 }
 
