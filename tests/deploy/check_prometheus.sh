@@ -37,7 +37,7 @@ for p in panels:
         expr = t["expr"].replace("$__rate_interval", "5m").replace("$instance", ".*")
         need("$" not in expr, f"panel {p['title']}: unknown variable in {t['expr']}")
         rules.append({"record": f"dashboard:panel_{p['id']}_{t['refId']}", "expr": expr})
-# What the dashboard must show (DESIGN.md §8, issue 9).
+# What the dashboard must show (DESIGN.md §8).
 for want in ["hit ratio", "usage vs capacity", "evictions", "rejections", "p50 / p99", "checksum failures"]:
     need(any(want in t for t in titles), f"no panel about {want}")
 need(any("kvtier_rpc_duration_seconds_bucket" in r["expr"] and "0.99" in r["expr"] for r in rules), "no p99 latency query")
