@@ -32,6 +32,10 @@ ABSL_FLAG(std::string, policy, "all",
 ABSL_FLAG(std::string, capacities, "1953,5859,19531,inf", "comma-separated capacities in blocks; inf = infinite");
 ABSL_FLAG(std::string, sweep, "",
           "MIN:MAX:POINTS adds POINTS capacities spaced geometrically from MIN to MAX blocks (rounded)");
+ABSL_FLAG(uint64_t, disk_capacity, 0,
+          "the server's tier structure: a disk tier of this many blocks (over all nodes) below each host "
+          "capacity of the sweep, with demotion on host eviction (0 = a single tier; not for belady)");
+ABSL_FLAG(bool, promote_on_hit, true, "with --disk_capacity: a hit on a disk block moves it back to host");
 ABSL_FLAG(uint32_t, nodes, 1, "hash-partition the blocks over N nodes, each with capacity / N and its own policy");
 ABSL_FLAG(double, frequency_weight, kvtier::server::EvictionPolicyOptions{}.frequency_weight,
           "weighted: the weight of the frequency term");
@@ -122,12 +126,21 @@ int main(int argc, char** argv) {
   const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const bool json = absl::GetFlag(FLAGS_json);
   const uint32_t nodes = absl::GetFlag(FLAGS_nodes);
+  const uint64_t disk_capacity = absl::GetFlag(FLAGS_disk_capacity);
+  const bool promote_on_hit = absl::GetFlag(FLAGS_promote_on_hit);
+  if (disk_capacity != 0 && std::find(capacities.begin(), capacities.end(), 0) != capacities.end()) {
+    return Fail("--disk_capacity needs finite host capacities (drop inf)");
+  }
   if (!json) {
     std::printf("trace %s: %zu requests, %zu block accesses, %zu distinct blocks (%u tokens each); loaded in %.1f s\n",
                 path.c_str(), trace->num_requests(), trace->num_accesses(), trace->num_distinct_blocks(),
                 trace->block_tokens, load_s);
     std::printf("nodes %u; weighted: frequency %.3g, recency %.3g\n", nodes, policy_options.frequency_weight,
                 policy_options.recency_weight);
+    if (disk_capacity != 0) {
+      std::printf("tiers: host = capacity, disk = %llu blocks (promote_on_hit %s); belady is single-tier\n",
+                  static_cast<unsigned long long>(disk_capacity), promote_on_hit ? "true" : "false");
+    }
     std::printf("%-12s %12s %10s %9s %12s %12s %8s\n", "policy", "capacity", "hit_ratio", "%belady", "evictions",
                 "not_admitted", "seconds");
   }
@@ -137,13 +150,18 @@ int main(int argc, char** argv) {
     points.push_back(p);
     const std::string cap = p.capacity_blocks == 0 ? std::string("inf") : absl::StrCat(p.capacity_blocks);
     if (json) {
-      std::printf("{\"policy\":\"%s\",\"capacity_blocks\":%s,\"nodes\":%u,\"hit_blocks\":%llu,\"blocks\":%llu,"
+      std::printf("{\"policy\":\"%s\",\"capacity_blocks\":%s,\"disk_capacity_blocks\":%llu,\"nodes\":%u,"
+                  "\"hit_blocks\":%llu,\"blocks\":%llu,"
                   "\"hit_ratio\":%.6f,\"belady_fraction\":%.4f,\"evictions\":%llu,\"not_admitted\":%llu,"
+                  "\"disk_hit_blocks\":%llu,\"demotions\":%llu,\"promotions\":%llu,\"disk_evictions\":%llu,"
                   "\"seconds\":%.3f}\n",
-                  p.policy.c_str(), p.capacity_blocks == 0 ? "null" : cap.c_str(), nodes,
+                  p.policy.c_str(), p.capacity_blocks == 0 ? "null" : cap.c_str(),
+                  static_cast<unsigned long long>(p.policy == "belady" ? 0 : disk_capacity), nodes,
                   static_cast<unsigned long long>(p.hit_blocks), static_cast<unsigned long long>(p.blocks),
                   p.hit_ratio, p.belady_fraction, static_cast<unsigned long long>(p.evictions),
-                  static_cast<unsigned long long>(p.not_admitted), p.seconds);
+                  static_cast<unsigned long long>(p.not_admitted), static_cast<unsigned long long>(p.disk_hit_blocks),
+                  static_cast<unsigned long long>(p.demotions), static_cast<unsigned long long>(p.promotions),
+                  static_cast<unsigned long long>(p.disk_evictions), p.seconds);
     } else {
       std::printf("%-12s %12s %10.4f %9s %12llu %12llu %8.2f\n", p.policy.c_str(), cap.c_str(), p.hit_ratio,
                   p.belady_fraction > 0 ? absl::StrFormat("%.1f%%", 100 * p.belady_fraction).c_str() : "-",
@@ -154,6 +172,9 @@ int main(int argc, char** argv) {
   };
   for (uint64_t capacity : capacities) {
     const kvtier::bench::SimOptions sim{.capacity_blocks = capacity, .nodes = nodes};
+    kvtier::bench::SimOptions tiered = sim;
+    tiered.disk_capacity_blocks = disk_capacity;
+    tiered.promote_on_hit = promote_on_hit;
     double belady_ratio = 0;
     if (belady) {
       const auto start = std::chrono::steady_clock::now();
@@ -168,12 +189,13 @@ int main(int argc, char** argv) {
     for (const std::string& name : policies) {
       const auto start = std::chrono::steady_clock::now();
       auto r = kvtier::bench::SimulatePolicy(
-          *trace, [&] { return kvtier::server::NewEvictionPolicy(name, policy_options); }, sim);
+          *trace, [&] { return kvtier::server::NewEvictionPolicy(name, policy_options); }, tiered);
       if (!r.ok()) return Fail(std::string(r.status().message()));
       report({.policy = name, .capacity_blocks = capacity, .hit_blocks = r->hit_blocks, .blocks = r->blocks,
               .hit_ratio = r->hit_ratio(),
               .belady_fraction = belady_ratio > 0 ? r->hit_ratio() / belady_ratio : 0.0,
-              .evictions = r->evictions, .not_admitted = r->not_admitted,
+              .evictions = r->evictions, .not_admitted = r->not_admitted, .disk_hit_blocks = r->disk_hit_blocks,
+              .demotions = r->demotions, .promotions = r->promotions, .disk_evictions = r->disk_evictions,
               .seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()});
     }
   }

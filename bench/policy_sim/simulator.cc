@@ -45,11 +45,23 @@ uint64_t LeadingRun(const SimTrace& trace, size_t r, Present present) {
 absl::StatusOr<SimResult> SimulatePolicy(const SimTrace& trace, const PolicyFactory& factory,
                                          const SimOptions& options) {
   if (absl::Status s = CheckOptions(options); !s.ok()) return s;
+  const bool tiered = options.disk_capacity_blocks != 0;
+  if (tiered && (options.capacity_blocks == 0 || options.disk_capacity_blocks < options.nodes)) {
+    return absl::InvalidArgumentError(absl::StrCat("a disk tier of ", options.disk_capacity_blocks,
+                                                   " blocks needs a finite host capacity and at least ",
+                                                   options.nodes, " blocks"));
+  }
+  enum : uint8_t { kAbsent = 0, kHost = 1, kDisk = 2 };
   struct Node {
-    std::unique_ptr<server::EvictionPolicy> policy;
+    std::unique_ptr<server::EvictionPolicy> policy;       // host tier
+    std::unique_ptr<server::EvictionPolicy> disk_policy;  // disk tier (tiered only)
     uint64_t capacity = 0;
+    uint64_t disk_capacity = 0;
     uint64_t used = 0;
+    uint64_t disk_used = 0;
     std::vector<uint32_t> block_of;      // handle -> dense block
+    std::vector<uint32_t> depth_of;      // handle -> depth at insert (BlockStore keeps the writer's)
+    std::vector<uint64_t> namespace_of;  // handle -> namespace id
     std::vector<uint32_t> free_handles;  // LIFO, as BlockStore reuses them
   };
   std::vector<Node> nodes(options.nodes);
@@ -58,48 +70,123 @@ absl::StatusOr<SimResult> SimulatePolicy(const SimTrace& trace, const PolicyFact
     if (!policy.ok()) return policy.status();
     nodes[n].policy = std::move(policy).value();
     nodes[n].capacity = NodeCapacity(options, n);
+    if (tiered) {
+      auto disk_policy = factory();
+      if (!disk_policy.ok()) return disk_policy.status();
+      nodes[n].disk_policy = std::move(disk_policy).value();
+      nodes[n].disk_capacity = options.disk_capacity_blocks / options.nodes +
+                               (n < options.disk_capacity_blocks % options.nodes ? 1 : 0);
+    }
   }
   const uint64_t block_bytes = options.block_bytes != 0 ? options.block_bytes : uint64_t{trace.block_tokens} * 1024;
   std::vector<uint32_t> handle_of(trace.num_distinct_blocks(), kNil);
+  std::vector<uint8_t> tier_of(trace.num_distinct_blocks(), kAbsent);
   SimResult result;
   const auto always = [](server::EntryHandle) { return true; };
+
+  auto drop = [&](Node& node, uint32_t h) {
+    const uint32_t b = node.block_of[h];
+    handle_of[b] = kNil;
+    tier_of[b] = kAbsent;
+    node.free_handles.push_back(h);
+  };
+  // Makes room for one block on the host tier: the victim is demoted to disk (which drops its own
+  // victims, never `keep`) or dropped. False when the policy names no victim.
+  auto make_host_room = [&](Node& node, const server::BlockAccess& access, uint32_t keep) {
+    while (node.used >= node.capacity) {
+      const std::optional<server::EntryHandle> victim = node.policy->PickVictim(always);
+      if (!victim.has_value()) return false;
+      node.policy->OnErase(*victim);
+      --node.used;
+      ++result.evictions;
+      if (!tiered) {
+        drop(node, *victim);
+        continue;
+      }
+      while (node.disk_used >= node.disk_capacity) {
+        const std::optional<server::EntryHandle> disk_victim =
+            node.disk_policy->PickVictim([&](server::EntryHandle h) { return h != keep; });
+        if (!disk_victim.has_value()) break;
+        node.disk_policy->OnErase(*disk_victim);
+        drop(node, *disk_victim);
+        --node.disk_used;
+        ++result.disk_evictions;
+      }
+      if (node.disk_used >= node.disk_capacity) {
+        drop(node, *victim);
+        continue;
+      }
+      // As BlockStore::AccessOf: the block's own depth and namespace, the time of the demotion.
+      server::BlockAccess demoted = access;
+      demoted.depth = node.depth_of[*victim];
+      demoted.namespace_id = node.namespace_of[*victim];
+      demoted.key_hash = trace.block_keys[node.block_of[*victim]];
+      tier_of[node.block_of[*victim]] = kDisk;
+      ++node.disk_used;
+      ++result.demotions;
+      node.disk_policy->OnInsert(*victim, demoted);
+    }
+    return true;
+  };
+
   for (size_t r = 0; r < trace.num_requests(); ++r) {
-    result.hit_blocks += LeadingRun(trace, r, [&](uint32_t b) { return handle_of[b] != kNil; });
+    const uint64_t hit = LeadingRun(trace, r, [&](uint32_t b) { return handle_of[b] != kNil; });
+    result.hit_blocks += hit;
     result.blocks += trace.offsets[r + 1] - trace.offsets[r];
     server::BlockAccess access{.depth = 0,
                                .namespace_id = trace.namespace_ids[r],
                                .size_bytes = block_bytes,
                                .now_ns = trace.time_ns[r]};
-    for (uint64_t p = trace.offsets[r]; p < trace.offsets[r + 1]; ++p, ++access.depth) {
+    for (uint64_t p = trace.offsets[r]; p < trace.offsets[r + 1]; ++p) {
       const uint32_t b = trace.blocks[p];
       Node& node = nodes[NodeOf(trace, b, options.nodes)];
       access.key_hash = trace.block_keys[b];
-      if (handle_of[b] != kNil) {
+      access.depth = static_cast<uint32_t>(p - trace.offsets[r]);
+      access.namespace_id = trace.namespace_ids[r];
+      const bool in_leading_run = p - trace.offsets[r] < hit;
+      if (tier_of[b] != kAbsent) {  // as BlockStore::AccessOf: the depth and namespace of its insert
+        access.depth = node.depth_of[handle_of[b]];
+        access.namespace_id = node.namespace_of[handle_of[b]];
+      }
+      if (tier_of[b] == kHost) {
         node.policy->OnAccess(handle_of[b], access);
         continue;
       }
-      if (node.used >= node.capacity) {
-        const std::optional<server::EntryHandle> victim = node.policy->PickVictim(always);
-        if (!victim.has_value()) {  // cannot happen here (every block is eligible); counted if it does
-          ++result.not_admitted;
+      if (tier_of[b] == kDisk) {
+        if (in_leading_run) ++result.disk_hit_blocks;
+        if (!in_leading_run || !options.promote_on_hit || !make_host_room(node, access, handle_of[b])) {
+          node.disk_policy->OnAccess(handle_of[b], access);
           continue;
         }
-        node.policy->OnErase(*victim);
-        handle_of[node.block_of[*victim]] = kNil;
-        node.free_handles.push_back(*victim);
-        --node.used;
-        ++result.evictions;
+        // Promotion: the block leaves the disk as it enters host memory, then counts the access.
+        node.disk_policy->OnErase(handle_of[b]);
+        --node.disk_used;
+        tier_of[b] = kHost;
+        ++node.used;
+        ++result.promotions;
+        node.policy->OnInsert(handle_of[b], access);
+        node.policy->OnAccess(handle_of[b], access);
+        continue;
+      }
+      if (!make_host_room(node, access, kNil)) {  // cannot happen here (every block is eligible)
+        ++result.not_admitted;
+        continue;
       }
       uint32_t h;
       if (node.free_handles.empty()) {
         h = static_cast<uint32_t>(node.block_of.size());
         node.block_of.push_back(b);
+        node.depth_of.push_back(0);
+        node.namespace_of.push_back(0);
       } else {
         h = node.free_handles.back();
         node.free_handles.pop_back();
         node.block_of[h] = b;
       }
+      node.depth_of[h] = access.depth;
+      node.namespace_of[h] = access.namespace_id;
       handle_of[b] = h;
+      tier_of[b] = kHost;
       ++node.used;
       node.policy->OnInsert(h, access);
     }

@@ -7,6 +7,12 @@
 // With `nodes` > 1 the blocks are partitioned by a hash of their key, each node has capacity / nodes
 // blocks (the remainder to the first nodes) and its own policy, and a hit is the leading run present
 // on whichever node owns each block (what the client computes across owners).
+// With disk_capacity_blocks > 0 each node has the server's tier structure (BlockStore): a host tier and
+// a disk tier, each with its own policy instance and exclusive of each other. A block evicted from host
+// is demoted to disk (the disk evicting by its own policy to make room; a block that is being promoted
+// is never the disk's victim); a block of a request's leading run that is on disk is promoted back to
+// host (promote_on_hit; the client fetches the leading run); a block after the leading run that is on
+// disk only refreshes its recency there (the server answers the put "already present").
 #ifndef KVTIER_BENCH_POLICY_SIM_SIMULATOR_H_
 #define KVTIER_BENCH_POLICY_SIM_SIMULATOR_H_
 
@@ -24,6 +30,9 @@ struct SimOptions {
   uint64_t capacity_blocks = 0;  // over all nodes; 0 = infinite (nothing is ever evicted)
   uint32_t nodes = 1;            // hash partitions, each with its own policy instance
   uint64_t block_bytes = 0;      // BlockAccess::size_bytes of every block; 0 = block_tokens x 1 KiB
+  // Disk tier below the host tier (capacity_blocks), over all nodes; 0 = none. SimulatePolicy only.
+  uint64_t disk_capacity_blocks = 0;
+  bool promote_on_hit = true;    // a hit on a disk block moves it back to the host tier
 };
 
 struct SimResult {
@@ -31,6 +40,10 @@ struct SimResult {
   uint64_t blocks = 0;        // sum over requests of their blocks
   uint64_t evictions = 0;     // blocks evicted to make room
   uint64_t not_admitted = 0;  // absent blocks left out (Admit() said no, or Belady's rule)
+  uint64_t disk_hit_blocks = 0;   // hit blocks that were on the disk tier
+  uint64_t demotions = 0;         // host -> disk
+  uint64_t promotions = 0;        // disk -> host
+  uint64_t disk_evictions = 0;    // dropped from the disk tier
   double hit_ratio() const { return blocks == 0 ? 0.0 : static_cast<double>(hit_blocks) / blocks; }
 };
 
@@ -38,8 +51,10 @@ using PolicyFactory = std::function<absl::StatusOr<std::unique_ptr<server::Evict
 
 // Replays `trace` through fresh policies from `factory` (one per node). BlockAccess carries the
 // block's depth in its request, the request's namespace, `block_bytes` and the request's time.
-// Handles are dense and the most recently freed one is reused first, as BlockStore does.
-// Errors: whatever `factory` returns; InvalidArgument when capacity_blocks < nodes.
+// Handles are dense and the most recently freed one is reused first, as BlockStore does; a block keeps
+// its handle when it moves between tiers. `evictions` counts host evictions (demoted or dropped).
+// Errors: whatever `factory` returns; InvalidArgument when capacity_blocks < nodes, or
+// disk_capacity_blocks is neither 0 nor >= nodes, or a disk tier is asked for with infinite capacity.
 absl::StatusOr<SimResult> SimulatePolicy(const SimTrace& trace, const PolicyFactory& factory,
                                          const SimOptions& options);
 

@@ -7,6 +7,11 @@ C++ simulator).
              block hit ratio = sum of hits / sum of blocks (every hash id is one block)
   update   = after each request its blocks are touched (or inserted) in order, first to last
   LRU      = the victim is the least recently touched block
+  tiered   = (--disk-capacity M) the server's tier structure with LRU in each tier: a host tier of
+             the capacity and a disk tier of M blocks, exclusive; a host victim is demoted to disk
+             (whose least recent block is dropped to make room, never the block being promoted); a
+             block of the leading run that is on disk moves back to host; a block after it that is
+             on disk is only touched there
   Belady   = the victim is the cached block whose next use is farthest in the future; an incoming
              block whose next use is farther than every cached block's, or that is never used
              again, is not admitted. "Next use" is the position of the block's next access in the
@@ -90,6 +95,44 @@ def lru(requests, capacity):
     return hits, blocks
 
 
+def lru_tiered(requests, capacity, disk_capacity):
+    host = collections.OrderedDict()  # least recently touched first
+    disk = collections.OrderedDict()
+    hits = blocks = 0
+
+    def make_host_room(keep):
+        while len(host) >= capacity:
+            victim, _ = host.popitem(last=False)
+            while len(disk) >= disk_capacity:
+                drop = next((b for b in disk if b != keep), None)
+                if drop is None:
+                    break
+                del disk[drop]
+            if len(disk) < disk_capacity:
+                disk[victim] = True
+
+    for ids in requests:
+        n = 0
+        while n < len(ids) and (ids[n] in host or ids[n] in disk):
+            n += 1
+        hits += n
+        blocks += len(ids)
+        for i, b in enumerate(ids):
+            if b in host:
+                host.move_to_end(b)
+            elif b in disk:
+                if i < n:
+                    make_host_room(b)
+                    del disk[b]
+                    host[b] = True
+                else:
+                    disk.move_to_end(b)
+            else:
+                make_host_room(None)
+                host[b] = True
+    return hits, blocks
+
+
 def belady(requests, capacity):
     stream = [b for ids in requests for b in ids]
     never = len(stream)
@@ -134,6 +177,8 @@ def main():
     ap.add_argument("--limit", type=int, default=0, help="first N requests (0 = all)")
     ap.add_argument("--sessions", type=int, default=0, help="kv-cache-tester: first N sessions (0 = all)")
     ap.add_argument("--capacities", default="200,800,3200,0", help="blocks; 0 = infinite")
+    ap.add_argument("--disk-capacity", type=int, default=0,
+                    help="also check LRU with a disk tier of this many blocks below each finite capacity")
     ap.add_argument("--check", metavar="POLICY_SIM", help="compare with this policy_sim binary")
     args = ap.parse_args()
     if not os.path.exists(args.trace):
@@ -152,8 +197,19 @@ def main():
             expected[(name, c)] = fn(requests, c)
             h, b = expected[(name, c)]
             print(f"reference {name:7s} capacity {c or 'inf':>8}: {h} / {b} = {h / b:.6f}")
+    tiered = {}
+    if args.disk_capacity:
+        for c in capacities:
+            if c:
+                tiered[c] = lru_tiered(requests, c, args.disk_capacity)
+                h, b = tiered[c]
+                print(f"reference lru host {c} + disk {args.disk_capacity}: {h} / {b} = {h / b:.6f}")
     if not args.check:
         return 0
+    if tiered:
+        failures = check_tiered(args, capacities, tiered)
+        if failures:
+            return 1
     cmd = [args.check, "--trace", args.trace, "--policy", "lru,belady", "--json",
            "--capacities", ",".join(str(c) if c else "inf" for c in capacities)]
     if args.limit:
@@ -180,6 +236,33 @@ def main():
     if failures:
         return 1
     return smoke_all_policies(cmd, capacities)
+
+
+def check_tiered(args, capacities, tiered):
+    cmd = [args.check, "--trace", args.trace, "--policy", "lru", "--json", "--disk_capacity", str(args.disk_capacity),
+           "--capacities", ",".join(str(c) for c in capacities if c)]
+    if args.limit:
+        cmd += ["--limit", str(args.limit)]
+    if args.sessions:
+        cmd += ["--sessions", str(args.sessions)]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    failures = 0
+    seen = 0
+    for line in out.splitlines():
+        r = json.loads(line)
+        if r["policy"] != "lru" or r["disk_capacity_blocks"] != args.disk_capacity:
+            continue
+        seen += 1
+        want = tiered[r["capacity_blocks"]]
+        got = (r["hit_blocks"], r["blocks"])
+        status = "ok" if got == want else "MISMATCH"
+        failures += got != want
+        print(f"policy_sim lru host {r['capacity_blocks']} + disk {args.disk_capacity}: {got[0]} / {got[1]}  {status}"
+              f"  (disk hits {r['disk_hit_blocks']}, demotions {r['demotions']}, promotions {r['promotions']})")
+    if seen != len(tiered):
+        print(f"policy_sim reported {seen} of {len(tiered)} tiered results", file=sys.stderr)
+        return 1
+    return failures
 
 
 def smoke_all_policies(cmd, capacities):
