@@ -9,7 +9,10 @@ PACKAGES=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev librocksdb-dev libucx-dev ucx-utils
   libgtest-dev googletest libgmock-dev libbenchmark-dev
+  librsvg2-bin  # policy_sim --png
   libyaml-cpp-dev libspdlog-dev libxxhash-dev libssl-dev prometheus-cpp-dev libcli11-dev nlohmann-json3-dev
+  libc-ares-dev  # DNS membership (client_lib); also a gRPC dependency
+  libzmq3-dev  # KV events (docs/events.md)
   curl procps
   python3-dev python3-pybind11 python3-numpy python3-pip python3-setuptools python3-wheel  # bindings/python
   clang libclang-rt-14-dev
@@ -19,6 +22,7 @@ PACKAGES=(
 # build in deploy/docker). nodejs from NodeSource ships npm itself and conflicts with Debian's npm.
 if [[ ${KVTIER_DEPS_TEST_TOOLS:-1} != 0 ]]; then
   PACKAGES+=(prometheus)
+  PACKAGES+=(dnsmasq-base)  # tests/integration/dns_membership_test.cc: a DNS server on a high loopback port
   if ! command -v npm >/dev/null 2>&1; then PACKAGES+=(nodejs npm); fi
 fi
 

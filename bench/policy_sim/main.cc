@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -43,6 +44,8 @@ ABSL_FLAG(double, recency_weight, kvtier::server::EvictionPolicyOptions{}.recenc
           "weighted: the weight of the recency term");
 ABSL_FLAG(std::string, csv, "", "write the sweep as CSV to this file");
 ABSL_FLAG(std::string, svg, "", "write a plot of hit ratio against capacity (SVG) to this file");
+ABSL_FLAG(std::string, png, "",
+          "write the plot as PNG to this file (the SVG rendered by rsvg-convert, Debian's librsvg2-bin)");
 ABSL_FLAG(std::string, title, "", "the plot's title (default: the trace's file name)");
 ABSL_FLAG(bool, json, false, "print one JSON object per (policy, capacity) instead of the table");
 
@@ -202,7 +205,10 @@ int main(int argc, char** argv) {
   if (const std::string csv = absl::GetFlag(FLAGS_csv); !csv.empty()) {
     if (absl::Status s = kvtier::bench::WriteSweepCsv(csv, points); !s.ok()) return Fail(std::string(s.message()));
   }
-  if (const std::string svg = absl::GetFlag(FLAGS_svg); !svg.empty()) {
+  const std::string png = absl::GetFlag(FLAGS_png);
+  std::string svg = absl::GetFlag(FLAGS_svg);
+  if (svg.empty() && !png.empty()) svg = png + ".svg";
+  if (!svg.empty()) {
     std::string title = absl::GetFlag(FLAGS_title);
     if (title.empty()) {
       const size_t slash = path.find_last_of('/');
@@ -212,6 +218,16 @@ int main(int argc, char** argv) {
     if (absl::Status s = kvtier::bench::WriteSweepSvg(svg, title, points); !s.ok()) {
       return Fail(std::string(s.message()));
     }
+  }
+  if (!png.empty()) {
+    const std::string cmd = absl::StrCat("rsvg-convert --background-color=white -o '", png, "' '", svg, "'");
+    if (png.find('\'') != std::string::npos || svg.find('\'') != std::string::npos) {
+      return Fail("--png/--svg: file names may not contain a single quote");
+    }
+    if (std::system(cmd.c_str()) != 0) {
+      return Fail(absl::StrCat("rendering ", png, " failed: is rsvg-convert (librsvg2-bin) installed?"));
+    }
+    if (absl::GetFlag(FLAGS_svg).empty()) std::remove(svg.c_str());
   }
   return 0;
 }

@@ -22,7 +22,7 @@ Usage:
   policy_reference.py --check build/bench/policy_sim/policy_sim --trace ... --limit 2000
 In --check mode it runs policy_sim --json on the same slice and exits 0 when every hit count is
 equal, 1 when one differs, and 77 (ctest's skip code here) when the trace file is absent. It then
-runs every policy once (--policy all) with --csv and --svg, and checks that both files are complete.
+runs every policy once (--policy all) with --csv, --svg and --png, and checks that the files are complete.
 """
 import argparse
 import collections
@@ -270,7 +270,13 @@ def smoke_all_policies(cmd, capacities):
     with tempfile.TemporaryDirectory() as tmp:
         csv_path, svg_path = os.path.join(tmp, "sweep.csv"), os.path.join(tmp, "sweep.svg")
         all_cmd = [c if c != "lru,belady" else "all" for c in cmd if c != "--json"]
-        subprocess.run(all_cmd + ["--csv", csv_path, "--svg", svg_path], check=True, capture_output=True)
+        png_path = os.path.join(tmp, "sweep.png")
+        subprocess.run(all_cmd + ["--csv", csv_path, "--svg", svg_path, "--png", png_path], check=True,
+                       capture_output=True)
+        with open(png_path, "rb") as f:
+            if f.read(8) != b"\x89PNG\r\n\x1a\n":
+                print("--png did not write a PNG file", file=sys.stderr)
+                return 1
         with open(csv_path) as f:
             rows = [line.rstrip("\n").split(",") for line in f][1:]
         policies = sorted({r[0] for r in rows})
