@@ -1,0 +1,43 @@
+// gRPC implementation of kvtier.v1.EventService (proto/kvtier/v1/events.proto) over an EventPublisher.
+#ifndef KVTIER_SERVER_SRC_EVENTS_EVENT_SERVICE_H_
+#define KVTIER_SERVER_SRC_EVENTS_EVENT_SERVICE_H_
+
+#include <memory>
+
+#include <prometheus/collectable.h>
+
+#include "events/event_publisher.h"
+#include "kvtier/server/block_store.h"
+#include "kvtier/v1/events.grpc.pb.h"
+
+namespace kvtier::server {
+
+// Serves GetEventsInfo, Replay and Snapshot. Borrows `publisher` and `store` for its lifetime (the
+// server owns all three and stops gRPC first). Thread-safety: gRPC calls the methods concurrently.
+class EventServiceImpl final : public v1::EventService::Service {
+ public:
+  static constexpr size_t kSnapshotChunkBlocks = 4096;
+
+  EventServiceImpl(EventPublisher& publisher, const BlockStore& store) : publisher_(publisher), store_(store) {}
+
+  grpc::Status GetEventsInfo(grpc::ServerContext* ctx, const v1::GetEventsInfoRequest* req,
+                             v1::GetEventsInfoResponse* resp) override;
+  grpc::Status Replay(grpc::ServerContext* ctx, const v1::ReplayRequest* req,
+                      grpc::ServerWriter<v1::KvEventBatch>* writer) override;
+  grpc::Status Snapshot(grpc::ServerContext* ctx, const v1::SnapshotRequest* req,
+                        grpc::ServerWriter<v1::SnapshotChunk>* writer) override;
+
+ private:
+  EventPublisher& publisher_;
+  const BlockStore& store_;
+};
+
+// The publisher's counters for /metrics, read at scrape time: kvtier_events_total,
+// kvtier_events_published_total, kvtier_event_batches_published_total, kvtier_events_unpublished_total,
+// kvtier_event_replay_requests_total{result}, kvtier_event_replayed_total,
+// kvtier_event_snapshot_requests_total, kvtier_event_last_seq. `publisher` must outlive it.
+std::shared_ptr<prometheus::Collectable> NewEventMetrics(const EventPublisher& publisher);
+
+}  // namespace kvtier::server
+
+#endif  // KVTIER_SERVER_SRC_EVENTS_EVENT_SERVICE_H_
