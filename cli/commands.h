@@ -23,6 +23,13 @@ struct StatsOptions {
 };
 int RunStats(const CtlOptions& options, const StatsOptions& stats);
 
+// groups: the similarity groups with the most lookup blocks, merged across members (group keys are the
+// clients' LookupRequest.group_key), with their hit ratios and shadow would-be hit ratios.
+struct GroupsOptions {
+  uint32_t limit = 20;  // groups shown; 0 = every group the members keep
+};
+int RunGroups(const CtlOptions& options, const GroupsOptions& groups);
+
 // Which blocks ls and evict apply to; empty fields match everything.
 struct FilterOptions {
   std::string tenant;

@@ -1,5 +1,5 @@
 // kvtierctl: the kvtier admin CLI (docs/kvtierctl.md).
-//   kvtierctl --members host:port,... status | stats | ls | inspect | lookup | evict | drain | verify [--json]
+//   kvtierctl --members host:port,... status | stats | groups | ls | inspect | lookup | evict | drain | verify [--json]
 // main() is the only code that reads argv, files named by flags, or the environment (KVTIER_MEMBERS,
 // KVTIER_TENANT_SALT); the commands (commands.h) take option structs. Every member is asked in parallel
 // under one deadline, so a dead member costs at most --timeout-ms, and the report is printed with
@@ -24,6 +24,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "commands.h"
+#include "kvtier/client/dns_resolver.h"
 #include "namespace_flags.h"
 #include "replayer.h"
 
@@ -153,6 +154,11 @@ int main(int argc, char** argv) {
   app.add_option("--members-dns", members_dns,
                  "NAME:PORT whose DNS records are members too (a headless Service); may be repeated")
       ->type_name("NAME:PORT");
+  std::string dns_server;
+  app.add_option("--dns-server", dns_server,
+                 "DNS server(s) for --members-dns: IP, IP:PORT or [IPv6]:PORT, comma-separated (any port); "
+                 "default: the system resolver")
+      ->type_name("IP[:PORT]");
   int64_t timeout_ms = 2000;
   app.add_option("--timeout-ms", timeout_ms, "Deadline of each RPC, in milliseconds")
       ->check(CLI::Range(int64_t{1}, int64_t{600000}))
@@ -173,6 +179,12 @@ int main(int argc, char** argv) {
   stats->add_option("--interval-s", interval_s,
                     "Take two snapshots this many seconds apart and also print per-second rates")
       ->check(CLI::Range(0.001, 86400.0));
+
+  // groups
+  CLI::App* groups = app.add_subcommand(
+      "groups", "Similarity groups with the most lookup traffic, merged across members, with their hit ratios");
+  GroupsOptions groups_options;
+  groups->add_option("--limit", groups_options.limit, "Groups shown (0 = all)")->capture_default_str();
 
   // ls
   CLI::App* ls = app.add_subcommand("ls", "Blocks of the members (or of --node), by namespace, tenant or tier, in pages");
@@ -256,8 +268,11 @@ int main(int argc, char** argv) {
     if (!seen.insert(address).second) return UsageError(absl::StrCat("--members: ", address, " is given twice"));
     options.members.push_back(address);
   }
+  if (absl::Status s = kvtier::client::ValidateDnsServer(dns_server); !s.ok()) {
+    return UsageError(absl::StrCat("--dns-server: ", s.message()));
+  }
   for (const std::string& name : members_dns) {
-    auto resolved = ResolveMembers(name);
+    auto resolved = ResolveMembers(name, dns_server, absl::Milliseconds(timeout_ms));
     if (!resolved.ok()) {
       if (resolved.status().code() == absl::StatusCode::kInvalidArgument) {
         return UsageError(absl::StrCat("--members-dns: ", resolved.status().message()));
@@ -283,6 +298,7 @@ int main(int argc, char** argv) {
   try {
     if (status->parsed()) return RunStatus(options);
     if (stats->parsed()) return RunStats(options, {.interval = absl::Seconds(interval_s)});
+    if (groups->parsed()) return RunGroups(options, groups_options);
     if (ls->parsed()) {
       auto f = ls_filter.Build();
       if (!f.ok()) return UsageError(std::string(f.status().message()));

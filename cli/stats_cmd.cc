@@ -66,6 +66,8 @@ void AppendCountersJson(const v1::GetStatsResponse& s, Json& out) {
     if (f->cpp_type() == google::protobuf::FieldDescriptor::CPPTYPE_UINT32) out[f->name()] = r->GetUInt32(s, f);
   }
   out["existence_hit_ratio"] = RatioJson(HitRatio(s.lookup_blocks_hit(), s.lookup_blocks_miss()));
+  out["shadow_would_be_hit_ratio"] =
+      RatioJson(HitRatio(s.shadow_hit_blocks(), s.shadow_lookup_blocks() - s.shadow_hit_blocks()));
 }
 
 // Per-second rates of one member between two snapshots.
@@ -222,6 +224,19 @@ void PrintStats(const StatsReport& report, std::ostream& out) {
     return std::vector<std::string>{n(s.checksum_failures()), n(s.active_leases()), n(s.expired_leases()),
                                     n(s.expired_reservations())};
   });
+
+  if (report.totals.shadow_lookup_blocks() + report.totals.shadow_read_blocks() > 0) {
+    // Shadow namespaces (docs/config.md): answered "absent"; what would have been a hit.
+    out << "\nshadow namespaces (never served):\n";
+    Table shadow({"NODE", "LOOKUP BLOCKS", "WOULD-BE HITS", "WOULD-BE HIT RATIO", "READ BLOCKS"},
+                 {false, true, true, true, true});
+    add_rows(shadow, [&](const v1::GetStatsResponse& s) {
+      return std::vector<std::string>{
+          n(s.shadow_lookup_blocks()), n(s.shadow_hit_blocks()),
+          RatioText(HitRatio(s.shadow_hit_blocks(), s.shadow_lookup_blocks() - s.shadow_hit_blocks())),
+          n(s.shadow_read_blocks())};
+    });
+  }
 
   if (report.interval_s) {
     out << "\nper second, over " << absl::StrFormat("%.1f", *report.interval_s) << " s:\n";
