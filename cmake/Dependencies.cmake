@@ -12,6 +12,8 @@ find_package(nlohmann_json CONFIG REQUIRED)
 find_package(OpenSSL REQUIRED)            # SHA-256 for fingerprints and ring positions
 find_package(PkgConfig REQUIRED)
 pkg_check_modules(XXHASH REQUIRED IMPORTED_TARGET libxxhash)
+pkg_check_modules(CARES REQUIRED IMPORTED_TARGET libcares)  # DNS membership with a configurable server
+pkg_check_modules(ZMQ REQUIRED IMPORTED_TARGET libzmq)  # KV events: PUB socket (docs/events.md)
 if(KVTIER_BUILD_TESTS)
   find_package(GTest CONFIG REQUIRED)
 endif()

@@ -35,6 +35,18 @@ BlockStore::BlockStore(const BlockStoreOptions& options)
 
 BlockStore::~BlockStore() = default;
 
+const char* TierName(Tier tier) {
+  switch (tier) {
+    case Tier::kHbm:
+      return "hbm";
+    case Tier::kHost:
+      return "host";
+    case Tier::kDisk:
+      return "disk";
+  }
+  return "unknown";
+}
+
 absl::StatusOr<std::unique_ptr<BlockStore>> BlockStore::Create(const BlockStoreOptions& options) {
   if (absl::Status s = options.Validate(); !s.ok()) return s;
   auto store = std::unique_ptr<BlockStore>(new BlockStore(options));
@@ -49,6 +61,17 @@ absl::StatusOr<std::unique_ptr<BlockStore>> BlockStore::Create(const BlockStoreO
   auto disk_policy = NewEvictionPolicy(options.eviction_policy, policy_options);
   if (!disk_policy.ok()) return disk_policy.status();
   store->disk_policy_ = std::move(disk_policy).value();
+  if (options.hbm_memory != nullptr) {
+    auto hbm_alloc = SlabAllocator::Create({.capacity_bytes = options.hbm_memory->size_bytes(),
+                                            .slab_bytes = std::min(options.slab_bytes, options.hbm_memory->size_bytes()),
+                                            .map_region = false});
+    if (!hbm_alloc.ok()) return hbm_alloc.status();
+    store->hbm_allocator_ = std::move(hbm_alloc).value();
+    auto hbm_policy = NewEvictionPolicy(options.eviction_policy, policy_options);
+    if (!hbm_policy.ok()) return hbm_policy.status();
+    store->hbm_policy_ = std::move(hbm_policy).value();
+    store->hbm_memory_ = options.hbm_memory;
+  }
   if (!options.disk_path.empty()) {
     auto disk = DiskTier::Open(options.disk_path);
     if (!disk.ok()) return disk.status();
@@ -115,7 +138,13 @@ EntryHandle BlockStore::NewEntryLocked() {
 
 void BlockStore::EraseEntryLocked(EntryHandle h) {
   Entry& e = entries_[h];
-  if (e.tier == Tier::kHost) {
+  if (sink_ != nullptr && !sink_muted_ && e.state == State::kCommitted) sink_->OnRemoved(EventInfoOf(e));
+  if (e.tier == Tier::kHbm) {
+    hbm_policy_->OnErase(h);
+    stats_.hbm_blocks.fetch_sub(1, std::memory_order_relaxed);
+    stats_.hbm_bytes.fetch_sub(hbm_allocator_->SlotBytesOf(e.slot), std::memory_order_relaxed);
+    hbm_allocator_->Free(e.slot);
+  } else if (e.tier == Tier::kHost) {
     if (e.state == State::kCommitted) {
       policy_->OnErase(h);
       stats_.stored_blocks.fetch_sub(1, std::memory_order_relaxed);
@@ -169,6 +198,7 @@ void BlockStore::DemoteOrDropLocked(EntryHandle h) {
   allocator_->Free(e.slot);
   e.slot = SlotRef{};
   e.tier = Tier::kDisk;
+  if (sink_ != nullptr) sink_->OnMoved(EventInfoOf(e), Tier::kHost);
   disk_policy_->OnInsert(h, AccessOf(e));
   stats_.disk_blocks.fetch_add(1, std::memory_order_relaxed);
   stats_.disk_bytes.fetch_add(e.size_bytes, std::memory_order_relaxed);
@@ -209,12 +239,102 @@ bool BlockStore::LoadFromDiskLocked(EntryHandle h, std::vector<std::byte>* owned
     stats_.disk_bytes.fetch_sub(e.size_bytes, std::memory_order_relaxed);
     e.slot = *slot;
     e.tier = Tier::kHost;
+    if (sink_ != nullptr) sink_->OnMoved(EventInfoOf(e), Tier::kDisk);
     policy_->OnInsert(h, AccessOf(e));
     stats_.stored_blocks.fetch_add(1, std::memory_order_relaxed);
     stats_.stored_bytes.fetch_add(allocator_->SlotBytesOf(*slot), std::memory_order_relaxed);
     stats_.promotions.fetch_add(1, std::memory_order_relaxed);
   }
   return true;
+}
+
+bool BlockStore::ReadHbmLocked(const Entry& e, std::vector<std::byte>* out) {
+  out->resize(e.size_bytes);
+  if (!hbm_memory_->CopyOut(hbm_allocator_->Offset(e.slot), *out).ok()) {
+    stats_.hbm_errors.fetch_add(1, std::memory_order_relaxed);
+    out->clear();
+    return false;
+  }
+  if (BlockChecksum(out->data(), out->size()) != e.checksum) {
+    stats_.checksum_failures.fetch_add(1, std::memory_order_relaxed);
+    out->clear();
+    return false;
+  }
+  return true;
+}
+
+bool BlockStore::EvictOneHbmLocked(uint64_t slot_bytes) {
+  auto victim = hbm_policy_->PickVictim([&](EntryHandle h) {
+    const Entry& e = entries_[h];
+    if (e.lease_count > 0) return false;
+    return hbm_allocator_->SlotBytesOf(e.slot) == slot_bytes || hbm_allocator_->IsLastInSlab(e.slot);
+  });
+  if (!victim.has_value()) return false;
+  DemoteFromHbmLocked(*victim);
+  return true;
+}
+
+bool BlockStore::PromoteToHbmLocked(EntryHandle h) {
+  Entry& e = entries_[h];
+  if (e.size_bytes > hbm_allocator_->slab_bytes()) return false;
+  const uint64_t slot_bytes = hbm_allocator_->SlotBytes(e.size_bytes);
+  std::optional<SlotRef> slot = hbm_allocator_->Allocate(e.size_bytes);
+  while (!slot.has_value() && EvictOneHbmLocked(slot_bytes)) slot = hbm_allocator_->Allocate(e.size_bytes);
+  if (!slot.has_value()) return false;
+  const std::span<const std::byte> bytes(allocator_->Data(e.slot), e.size_bytes);
+  // Verified before the move (host memory) and again whenever the block is read back from HBM.
+  if (BlockChecksum(bytes.data(), bytes.size()) != e.checksum) {
+    stats_.checksum_failures.fetch_add(1, std::memory_order_relaxed);
+    hbm_allocator_->Free(*slot);
+    return false;
+  }
+  if (!hbm_memory_->CopyIn(hbm_allocator_->Offset(*slot), bytes).ok()) {
+    stats_.hbm_errors.fetch_add(1, std::memory_order_relaxed);
+    hbm_allocator_->Free(*slot);
+    return false;
+  }
+  policy_->OnErase(h);
+  stats_.stored_blocks.fetch_sub(1, std::memory_order_relaxed);
+  stats_.stored_bytes.fetch_sub(allocator_->SlotBytesOf(e.slot), std::memory_order_relaxed);
+  allocator_->Free(e.slot);
+  e.slot = *slot;
+  e.tier = Tier::kHbm;
+  if (sink_ != nullptr) sink_->OnMoved(EventInfoOf(e), Tier::kHost);
+  hbm_policy_->OnInsert(h, AccessOf(e));
+  stats_.hbm_blocks.fetch_add(1, std::memory_order_relaxed);
+  stats_.hbm_bytes.fetch_add(hbm_allocator_->SlotBytesOf(*slot), std::memory_order_relaxed);
+  stats_.hbm_promotions.fetch_add(1, std::memory_order_relaxed);
+  return true;
+}
+
+void BlockStore::DemoteFromHbmLocked(EntryHandle h) {
+  Entry& e = entries_[h];
+  const uint64_t slot_bytes = allocator_->SlotBytes(e.size_bytes);
+  std::optional<SlotRef> slot = allocator_->Allocate(e.size_bytes);
+  while (!slot.has_value() && EvictOneLocked(slot_bytes)) slot = allocator_->Allocate(e.size_bytes);
+  if (!slot.has_value()) {
+    EraseEntryLocked(h);
+    return;
+  }
+  const std::span<std::byte> dst(allocator_->Data(*slot), e.size_bytes);
+  const bool copied = hbm_memory_->CopyOut(hbm_allocator_->Offset(e.slot), dst).ok();
+  if (!copied || BlockChecksum(dst.data(), dst.size()) != e.checksum) {
+    (copied ? stats_.checksum_failures : stats_.hbm_errors).fetch_add(1, std::memory_order_relaxed);
+    allocator_->Free(*slot);
+    EraseEntryLocked(h);
+    return;
+  }
+  hbm_policy_->OnErase(h);
+  stats_.hbm_blocks.fetch_sub(1, std::memory_order_relaxed);
+  stats_.hbm_bytes.fetch_sub(hbm_allocator_->SlotBytesOf(e.slot), std::memory_order_relaxed);
+  hbm_allocator_->Free(e.slot);
+  e.slot = *slot;
+  e.tier = Tier::kHost;
+  if (sink_ != nullptr) sink_->OnMoved(EventInfoOf(e), Tier::kHbm);
+  policy_->OnInsert(h, AccessOf(e));
+  stats_.stored_blocks.fetch_add(1, std::memory_order_relaxed);
+  stats_.stored_bytes.fetch_add(allocator_->SlotBytesOf(*slot), std::memory_order_relaxed);
+  stats_.hbm_demotions.fetch_add(1, std::memory_order_relaxed);
 }
 
 bool BlockStore::EvictOneLocked(uint64_t slot_bytes) {
@@ -389,6 +509,8 @@ std::optional<BlockStore::BlockInfo> BlockStore::Inspect(const BlockKey& key) co
 std::pair<uint64_t, uint64_t> BlockStore::Evict(const BlockFilter& filter) {
   uint64_t evicted = 0, leased = 0;
   std::lock_guard<std::mutex> lock(mu_);
+  // Everything: one AllBlocksCleared (and the leased survivors restated) rather than a removal per block.
+  sink_muted_ = !filter.namespace_id && !filter.tenant_id && !filter.tier;
   for (EntryHandle h = 0; h < entries_.size(); ++h) {
     const Entry& e = entries_[h];
     if (!Matches(e, filter)) continue;
@@ -398,6 +520,10 @@ std::pair<uint64_t, uint64_t> BlockStore::Evict(const BlockFilter& filter) {
     }
     EraseEntryLocked(h);
     ++evicted;
+  }
+  if (sink_muted_) {
+    sink_muted_ = false;
+    RestateToSinkLocked();
   }
   return {evicted, leased};
 }
@@ -431,6 +557,8 @@ BlockStore::VerifyResult BlockStore::Verify(const std::function<void(uint64_t, u
     bool ok = true;
     if (e.tier == Tier::kHost) {
       ok = BlockChecksum(allocator_->Data(e.slot), e.size_bytes) == e.checksum;
+    } else if (e.tier == Tier::kHbm) {
+      ok = ReadHbmLocked(e, &buffer);
     } else {
       buffer.resize(e.size_bytes);
       const DiskBlockMeta meta{.namespace_id = e.namespace_id, .tenant_id = e.tenant_id, .size_bytes = e.size_bytes,
@@ -441,8 +569,11 @@ BlockStore::VerifyResult BlockStore::Verify(const std::function<void(uint64_t, u
     if (!ok) {
       ++result.corrupt;
       result.corrupt_keys.push_back(key);
-      (e.tier == Tier::kHost ? stats_.checksum_failures : stats_.disk_checksum_failures)
-          .fetch_add(1, std::memory_order_relaxed);
+      // ReadHbmLocked counted its own failure.
+      if (e.tier != Tier::kHbm) {
+        (e.tier == Tier::kHost ? stats_.checksum_failures : stats_.disk_checksum_failures)
+            .fetch_add(1, std::memory_order_relaxed);
+      }
       if (e.lease_count == 0) EraseEntryLocked(h);  // a leased one is already in a reader's hands; the
                                                       // reader's own checksum check rejects it
     }
@@ -690,6 +821,7 @@ absl::StatusOr<std::vector<CommitOutcome>> BlockStore::Commit(uint64_t reservati
     e.access_count = 1;
     policy_->OnInsert(h, AccessOf(e));
     outcomes[i] = CommitOutcome::kCommitted;
+    if (sink_ != nullptr) sink_->OnStored(EventInfoOf(e));
     stats_.stored_blocks.fetch_add(1, std::memory_order_relaxed);
     stats_.committed_blocks.fetch_add(1, std::memory_order_relaxed);
     stats_.committed_bytes.fetch_add(e.size_bytes, std::memory_order_relaxed);
@@ -745,6 +877,18 @@ BlockStore::ReadLease BlockStore::AcquireRead(const NamespaceRef& ns, std::span<
         owned[i] = std::move(buffer);
       }
     }
+    if (hbm_memory_ != nullptr && options_.hbm_promote_on_hit && entries_[h].tier == Tier::kHost) {
+      PromoteToHbmLocked(h);  // best effort: on failure it is served from host memory
+    }
+    if (entries_[h].tier == Tier::kHbm) {
+      // Served from a host copy made for this lease (verified), so transports read host memory.
+      owned.resize(keys.size());
+      if (!ReadHbmLocked(entries_[h], &owned[i])) {
+        leased[i] = kNoEntry;
+        if (--entries_[h].lease_count == 0) EraseEntryLocked(h);  // bad or unreadable: never served
+        continue;
+      }
+    }
     Entry& e = entries_[h];
     result.blocks[i] = {.present = true, .size_bytes = e.size_bytes, .checksum = e.checksum};
     ++e.access_count;
@@ -760,6 +904,60 @@ BlockStore::ReadLease BlockStore::AcquireRead(const NamespaceRef& ns, std::span<
     result.lease_id = NewLeaseLocked(std::move(leased), ClampLease(lease_ttl), /*counted=*/true);
     leases_[result.lease_id].owned = std::move(owned);
   }
+  return result;
+}
+
+absl::StatusOr<BlockStore::HbmLease> BlockStore::AcquireHbmRead(const NamespaceRef& ns,
+                                                               std::span<const BlockKey> keys,
+                                                               absl::Duration lease_ttl) {
+  if (hbm_memory_ == nullptr) return absl::FailedPreconditionError("this server has no HBM tier");
+  HbmLease result;
+  result.blocks.resize(keys.size());
+  std::vector<EntryHandle> leased(keys.size(), kNoEntry);
+  uint64_t hits = 0, bytes = 0;
+  std::lock_guard<std::mutex> lock(mu_);
+  ExpireLocked(clock_->Now());
+  // Pin first, so that bringing one block up cannot evict another of this request.
+  for (size_t i = 0; i < keys.size(); ++i) {
+    auto it = index_.find(keys[i]);
+    if (it == index_.end()) continue;
+    Entry& e = entries_[it->second];
+    if (e.state != State::kCommitted || e.namespace_id != ns.id || e.tenant_id != ns.tenant_id) continue;
+    leased[i] = it->second;
+    ++e.lease_count;
+  }
+  for (size_t i = 0; i < keys.size(); ++i) {
+    const EntryHandle h = leased[i];
+    if (h == kNoEntry) continue;
+    bool placed = true;
+    if (entries_[h].tier == Tier::kDisk) {
+      std::vector<std::byte> unused;
+      if (!LoadFromDiskLocked(h, &unused)) {
+        leased[i] = kNoEntry;
+        if (--entries_[h].lease_count == 0) EraseEntryLocked(h);  // bad or unreadable: never served
+        continue;
+      }
+      placed = entries_[h].tier == Tier::kHost;  // else no room in host memory (or no promotion)
+    }
+    if (placed && entries_[h].tier == Tier::kHost) placed = PromoteToHbmLocked(h);
+    Entry& e = entries_[h];
+    void* address = placed ? hbm_memory_->DeviceAddress(hbm_allocator_->Offset(e.slot)) : nullptr;
+    if (address == nullptr) {  // stays where it is, for the host data path
+      leased[i] = kNoEntry;
+      --e.lease_count;
+      continue;
+    }
+    result.blocks[i] = DeviceBlock{.device_data = address, .size_bytes = e.size_bytes};
+    ++e.access_count;
+    e.last_access_ns = absl::ToUnixNanos(clock_->Now());
+    hbm_policy_->OnAccess(h, AccessOf(e));
+    ++hits;
+    bytes += e.size_bytes;
+  }
+  stats_.read_blocks.fetch_add(hits, std::memory_order_relaxed);
+  stats_.read_bytes.fetch_add(bytes, std::memory_order_relaxed);
+  stats_.read_blocks_miss.fetch_add(keys.size() - hits, std::memory_order_relaxed);
+  if (hits > 0) result.lease_id = NewLeaseLocked(std::move(leased), ClampLease(lease_ttl), /*counted=*/true);
   return result;
 }
 
@@ -867,6 +1065,36 @@ void BlockStore::FinishReceive(uint64_t reservation_id, uint32_t index, uint64_t
   }
 }
 
+void BlockStore::SetEventSink(BlockEventSink* sink) {
+  std::lock_guard<std::mutex> lock(mu_);
+  sink_ = sink;
+  RestateToSinkLocked();
+}
+
+std::vector<EventBlockInfo> BlockStore::SnapshotForEvents(const std::function<void()>& at_cut) const {
+  std::vector<EventBlockInfo> out;
+  std::lock_guard<std::mutex> lock(mu_);
+  out.reserve(index_.size());
+  for (const Entry& e : entries_) {
+    if (e.state == State::kCommitted) out.push_back(EventInfoOf(e));
+  }
+  if (at_cut) at_cut();
+  return out;
+}
+
+EventBlockInfo BlockStore::EventInfoOf(const Entry& e) const {
+  return EventBlockInfo{.key = e.key, .namespace_id = e.namespace_id, .tenant_id = e.tenant_id, .tier = e.tier,
+                        .depth = e.depth, .size_bytes = e.size_bytes};
+}
+
+void BlockStore::RestateToSinkLocked() {
+  if (sink_ == nullptr) return;
+  sink_->OnCleared();
+  for (const Entry& e : entries_) {
+    if (e.state == State::kCommitted) sink_->OnStored(EventInfoOf(e));
+  }
+}
+
 std::optional<Tier> BlockStore::TierOfForTest(const BlockKey& key) const {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = index_.find(key);
@@ -883,6 +1111,13 @@ absl::Status BlockStore::CorruptBlockForTest(const BlockKey& key, uint64_t offse
   const Entry& e = entries_[it->second];
   if (offset >= e.size_bytes) return absl::InvalidArgumentError("offset past the block");
   if (e.tier == Tier::kDisk) return disk_->CorruptForTest(key, offset);
+  if (e.tier == Tier::kHbm) {
+    std::byte b;
+    const uint64_t at = hbm_allocator_->Offset(e.slot) + offset;
+    if (absl::Status s = hbm_memory_->CopyOut(at, {&b, 1}); !s.ok()) return s;
+    b ^= std::byte{0x5a};
+    return hbm_memory_->CopyIn(at, {&b, 1});
+  }
   allocator_->Data(e.slot)[offset] ^= std::byte{0x5a};
   return absl::OkStatus();
 }

@@ -11,6 +11,7 @@ namespace kvtier::server {
 struct CacheServiceImpl::Parsed {
   NamespaceRef ns;
   std::vector<BlockKey> keys;
+  bool shadow = false;  // the namespace is in shadow mode (ServerOptions::namespaces)
 };
 
 CacheServiceImpl::CacheServiceImpl(const ServerOptions& options, BlockStore& store, ServerMetrics& metrics,
@@ -32,6 +33,8 @@ absl::StatusOr<CacheServiceImpl::Parsed> CacheServiceImpl::Parse(const v1::Names
   p.ns = NamespaceRef{.id = ns->Id(), .tenant_id = TenantId(ns->tenant), .block_bytes = block_bytes};
   namespaces_.Remember(p.ns.id, ns->tenant, ns->model);
   p.keys = std::move(keys).value();
+  const NamespaceOptions* settings = options_.FindNamespace(ns->tenant, ns->model);
+  p.shadow = settings != nullptr && settings->shadow;
   return p;
 }
 
@@ -45,9 +48,13 @@ grpc::Status CacheServiceImpl::Lookup(grpc::ServerContext*, const v1::LookupRequ
   const absl::Time start = absl::Now();
   auto p = Parse(req->namespace_(), req->keys());
   if (!p.ok()) return Finish("Lookup", start, wire::ToGrpc(p.status()));
-  auto r = store_.Lookup(p->ns, p->keys, absl::Milliseconds(req->lease_ms()));
+  // A shadow namespace is never served: no lease, every key answered absent, the would-be hits counted.
+  auto r = store_.Lookup(p->ns, p->keys, p->shadow ? absl::ZeroDuration() : absl::Milliseconds(req->lease_ms()));
+  const uint64_t hits = static_cast<uint64_t>(std::count(r.present.begin(), r.present.end(), true));
+  if (p->shadow) metrics_.CountShadowLookup(r.present.size(), hits);
+  metrics_.groups().Record(req->group_key(), r.present.size(), hits, p->shadow);
   resp->mutable_present()->Reserve(static_cast<int>(r.present.size()));
-  for (bool b : r.present) resp->add_present(b);
+  for (bool b : r.present) resp->add_present(b && !p->shadow);
   resp->set_lease_id(r.lease_id);
   resp->set_lease_ms(static_cast<uint32_t>(absl::ToInt64Milliseconds(r.lease_ttl)));
   return Finish("Lookup", start, grpc::Status::OK);
@@ -128,6 +135,14 @@ grpc::Status CacheServiceImpl::Read(grpc::ServerContext* ctx, const v1::ReadRequ
   const absl::Time start = absl::Now();
   auto p = Parse(req->namespace_(), req->keys());
   if (!p.ok()) return Finish("Read", start, wire::ToGrpc(p.status()));
+  if (p->shadow) {
+    // Never served: every key absent, no lease taken, no access counted.
+    metrics_.CountShadowRead(p->keys.size());
+    v1::ReadResponse head;
+    for (size_t i = 0; i < p->keys.size(); ++i) head.add_blocks()->set_present(false);
+    const bool sent = writer->Write(head);
+    return Finish("Read", start, sent ? grpc::Status::OK : grpc::Status(grpc::StatusCode::CANCELLED, "client went away"));
+  }
   BlockStore::ReadLease lease = store_.AcquireRead(p->ns, p->keys, absl::Milliseconds(req->lease_ms()));
   v1::ReadResponse head;
   head.set_lease_id(lease.lease_id);
@@ -205,8 +220,10 @@ absl::StatusOr<BlockStore::BlockFilter> AdminServiceImpl::ParseFilter(const v1::
     filter.tier = Tier::kHost;
   } else if (f.tier() == "disk") {
     filter.tier = Tier::kDisk;
+  } else if (f.tier() == "hbm") {
+    filter.tier = Tier::kHbm;
   } else if (!f.tier().empty()) {
-    return absl::InvalidArgumentError(absl::StrCat("filter.tier: \"", f.tier(), "\" is not host or disk"));
+    return absl::InvalidArgumentError(absl::StrCat("filter.tier: \"", f.tier(), "\" is not hbm, host or disk"));
   }
   return filter;
 }
@@ -219,7 +236,7 @@ void AdminServiceImpl::FillRecord(const BlockStore::BlockInfo& b, v1::BlockRecor
     out->set_tenant(names->first);
     out->set_model(names->second);
   }
-  out->set_tier(b.tier == Tier::kHost ? "host" : "disk");
+  out->set_tier(TierName(b.tier));
   out->set_size_bytes(b.size_bytes);
   out->set_checksum(b.checksum);
   out->set_depth(b.depth);
@@ -320,6 +337,13 @@ grpc::Status AdminServiceImpl::GetInfo(grpc::ServerContext*, const v1::GetInfoRe
     const std::string& a = options_.ucx_listen_address;
     resp->set_ucx_address(absl::StrCat(a.substr(0, a.rfind(':')), ":", ucx_port));
   }
+  if (store_.has_hbm_tier()) {
+    v1::TierInfo* hbm = resp->add_tiers();
+    hbm->set_tier("hbm");
+    hbm->set_capacity_bytes(store_.hbm_capacity_bytes());
+    hbm->set_used_bytes(store_.stats().hbm_bytes.load(std::memory_order_relaxed));
+    hbm->set_blocks(store_.stats().hbm_blocks.load(std::memory_order_relaxed));
+  }
   v1::TierInfo* host = resp->add_tiers();
   host->set_tier("host");
   host->set_capacity_bytes(store_.capacity_bytes());
@@ -383,6 +407,27 @@ grpc::Status AdminServiceImpl::GetStats(grpc::ServerContext*, const v1::GetStats
   resp->set_ucx_write_bytes(metrics_.transfer_bytes(D::kWrite, T::kUcx));
   resp->set_ucx_read_errors(metrics_.transfer_errors(D::kRead));
   resp->set_ucx_write_errors(metrics_.transfer_errors(D::kWrite));
+  resp->set_shadow_hit_blocks(metrics_.shadow_hit_blocks());
+  resp->set_shadow_lookup_blocks(metrics_.shadow_lookup_blocks());
+  resp->set_shadow_read_blocks(metrics_.shadow_read_blocks());
+  return grpc::Status::OK;
+}
+
+grpc::Status AdminServiceImpl::ListGroups(grpc::ServerContext*, const v1::ListGroupsRequest* req,
+                                          v1::ListGroupsResponse* resp) {
+  resp->set_node_id(options_.node_id);
+  resp->set_capacity(static_cast<uint32_t>(metrics_.groups().capacity()));
+  resp->set_untracked_lookups(metrics_.groups().untracked_lookups());
+  for (const GroupCounters& g : metrics_.groups().Top(req->limit())) {
+    v1::GroupStats* out = resp->add_groups();
+    out->set_group_key(g.group_key);
+    out->set_lookups(g.lookups);
+    out->set_blocks(g.blocks);
+    out->set_hit_blocks(g.hit_blocks);
+    out->set_shadow_blocks(g.shadow_blocks);
+    out->set_shadow_hit_blocks(g.shadow_hit_blocks);
+    out->set_error_blocks(g.error_blocks);
+  }
   return grpc::Status::OK;
 }
 

@@ -64,6 +64,8 @@ class AdminServiceImpl final : public v1::AdminService::Service {
                       grpc::ServerWriter<v1::VerifyProgress>* writer) override;
   grpc::Status SetDraining(grpc::ServerContext* ctx, const v1::SetDrainingRequest* req,
                            v1::SetDrainingResponse* resp) override;
+  grpc::Status ListGroups(grpc::ServerContext* ctx, const v1::ListGroupsRequest* req,
+                          v1::ListGroupsResponse* resp) override;
 
  private:
   absl::StatusOr<BlockStore::BlockFilter> ParseFilter(const v1::BlockFilter& f) const;

@@ -24,6 +24,9 @@ ABSL_FLAG(std::string, eviction_policy, "", "lru, weighted or prefix_lrfu (evict
 ABSL_FLAG(std::string, disk_path, "", "RocksDB directory of the disk tier (disk_tier.path)");
 ABSL_FLAG(std::string, disk_capacity_bytes, "", "disk tier budget, e.g. 100GiB (disk_tier.capacity_bytes)");
 ABSL_FLAG(std::string, max_block_bytes, "", "largest block accepted, e.g. 64MiB (limits.max_block_bytes)");
+ABSL_FLAG(std::string, events_pub_endpoint, "",
+          "publish KV events on this ZeroMQ endpoint, e.g. tcp://0.0.0.0:7402 (events.enabled + "
+          "events.pub_endpoint); \"none\" turns events off");
 
 namespace {
 
@@ -78,6 +81,10 @@ int main(int argc, char** argv) {
   Override(FLAGS_ucx_transports, options.ucx_transports);
   Override(FLAGS_disk_path, options.disk_path);
   Override(FLAGS_eviction_policy, options.eviction_policy);
+  if (const std::string ep = absl::GetFlag(FLAGS_events_pub_endpoint); !ep.empty()) {
+    options.events_enabled = ep != "none";
+    if (ep != "none") options.events_pub_endpoint = ep;
+  }
   if (!OverrideBytes(FLAGS_disk_capacity_bytes, "disk_capacity_bytes", options.disk_capacity_bytes) ||
       !OverrideBytes(FLAGS_host_cache_bytes, "host_cache_bytes", options.host_cache_bytes) ||
       !OverrideBytes(FLAGS_slab_bytes, "slab_bytes", options.slab_bytes) ||

@@ -12,9 +12,13 @@
 
 #include "absl/strings/str_cat.h"
 #include "cache_service.h"
+#include "events/event_publisher.h"
+#include "events/event_service.h"
 #include "kvtier/server/block_store.h"
 #include "kvtier/wire/wire.h"
 #include "server_metrics.h"
+#include "kvtier/nccl/nccl_service.h"
+#include "transport/hbm_block_source.h"
 #include "transport/ucx_server.h"
 
 namespace kvtier::server {
@@ -38,13 +42,21 @@ absl::Status WriteFileAtomically(const std::string& path, const std::string& tex
 struct Server::Impl {
   ServerOptions options;
   std::unique_ptr<BlockStore> store;
+  std::unique_ptr<PinnedHostRegion> pinned_host;  // the host tier page-locked, when a device is usable
   std::unique_ptr<ServerMetrics> metrics;
   NamespaceRegistry namespaces;
   std::unique_ptr<CacheServiceImpl> cache_service;
   std::unique_ptr<AdminServiceImpl> admin_service;
+  // The NCCL transport (docs/gpu.md), served when the store has an HBM tier and the build has NCCL.
+  std::unique_ptr<nccl::NcclApi> nccl_api;
+  std::unique_ptr<HbmBlockSource> hbm_source;
+  std::unique_ptr<nccl::NcclService> nccl_service;  // outlives grpc_server (declared before it)
   std::unique_ptr<grpc::Server> grpc_server;
   std::unique_ptr<prometheus::Exposer> exposer;
   std::unique_ptr<UcxServer> ucx;  // null without ucx_listen_address; destroyed before the store
+  std::unique_ptr<EventPublisher> events;  // null unless events_enabled; detached and destroyed before the store
+  std::unique_ptr<EventServiceImpl> event_service;
+  std::shared_ptr<prometheus::Collectable> event_metrics;  // the exposer holds it weakly
   int grpc_port = 0;
   int metrics_port = 0;
 
@@ -81,6 +93,20 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   if (absl::Status s = options.Validate(); !s.ok()) return s;
   auto impl = std::make_unique<Impl>();
   impl->options = options;
+  // The HBM tier, when asked for and a CUDA device is usable; without one the server runs without it.
+  std::shared_ptr<DeviceTierMemory> hbm;
+  if (options.hbm_memory_ratio > 0) {
+    auto memory = NewCudaDeviceTierMemory(static_cast<int>(options.hbm_device), options.hbm_memory_ratio,
+                                          options.hbm_max_bytes);
+    if (memory.ok()) {
+      hbm = std::move(memory).value();
+      std::fprintf(stderr, "kvtier-server: HBM tier on %s\n", hbm->Describe().c_str());
+    } else if (memory.status().code() == absl::StatusCode::kFailedPrecondition) {
+      std::fprintf(stderr, "kvtier-server: no HBM tier: %s\n", std::string(memory.status().message()).c_str());
+    } else {
+      return memory.status();
+    }
+  }
   auto store = BlockStore::Create({.capacity_bytes = options.host_cache_bytes,
                                    .slab_bytes = options.slab_bytes,
                                    .eviction_policy = options.eviction_policy,
@@ -91,9 +117,22 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
                                    .reservation_ttl = options.reservation_ttl,
                                    .disk_path = options.disk_path,
                                    .disk_capacity_bytes = options.disk_capacity_bytes,
-                                   .promote_on_hit = options.promote_on_hit});
+                                   .promote_on_hit = options.promote_on_hit,
+                                   .hbm_memory = hbm,
+                                   .hbm_promote_on_hit = options.hbm_promote_on_hit});
   if (!store.ok()) return store.status();
   impl->store = std::move(store).value();
+  if (hbm != nullptr) {
+    // Page-locked host memory makes the copies between the tiers DMA transfers. Best effort: the
+    // OS may refuse to lock that much (RLIMIT_MEMLOCK); the copies then stage through the driver.
+    auto pinned = PinHostRegion(impl->store->HostRegion());
+    if (pinned.ok()) {
+      impl->pinned_host = std::move(pinned).value();
+    } else {
+      std::fprintf(stderr, "kvtier-server: host tier not page-locked: %s\n",
+                   std::string(pinned.status().message()).c_str());
+    }
+  }
   impl->metrics = std::make_unique<ServerMetrics>(*impl->store, options.node_id);
   impl->cache_service =
       std::make_unique<CacheServiceImpl>(impl->options, *impl->store, *impl->metrics, impl->namespaces);
@@ -112,12 +151,39 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
     impl->admin_service->set_ucx_port(impl->ucx->port());
   }
 
+  // KV events: the first event is AllBlocksCleared, then a BlockStored per block recovered from disk, so
+  // subscribers drop whatever they knew of this node's previous instance.
+  if (options.events_enabled) {
+    auto events = EventPublisher::Start(
+        {.node_id = options.node_id,
+         .pub_endpoint = options.events_pub_endpoint,
+         .replay_buffer_events = options.events_replay_buffer_events,
+         .max_batch_events = options.events_max_batch_events,
+         .heartbeat_interval = options.events_heartbeat_interval,
+         .namespace_names = [p = impl.get()](uint64_t id) { return p->namespaces.Find(id); }});
+    if (!events.ok()) return events.status();
+    impl->events = std::move(events).value();
+    impl->store->SetEventSink(impl->events.get());
+    impl->event_service = std::make_unique<EventServiceImpl>(*impl->events, *impl->store);
+  }
+
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
   wire::ConfigureServerBuilder(builder, options.max_message_bytes);
   builder.AddListeningPort(options.listen_address, grpc::InsecureServerCredentials(), &impl->grpc_port);
   builder.RegisterService(impl->cache_service.get());
   builder.RegisterService(impl->admin_service.get());
+  if (impl->store->has_hbm_tier() && nccl::NcclBuilt()) {
+    auto api = nccl::CreateNcclApi();
+    if (!api.ok()) return api.status();
+    impl->nccl_api = std::move(api).value();
+    impl->hbm_source = std::make_unique<HbmBlockSource>(*impl->store, static_cast<int32_t>(options.hbm_device));
+    auto service = nccl::NcclService::Create(*impl->nccl_api, *impl->hbm_source, {});
+    if (!service.ok()) return service.status();
+    impl->nccl_service = std::move(service).value();
+    builder.RegisterService(impl->nccl_service->grpc_service());
+  }
+  if (impl->event_service != nullptr) builder.RegisterService(impl->event_service.get());
   impl->grpc_server = builder.BuildAndStart();
   if (impl->grpc_server == nullptr || impl->grpc_port == 0) {
     return absl::UnavailableError(absl::StrCat("cannot listen on ", options.listen_address));
@@ -132,6 +198,10 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
     }
     impl->exposer->RegisterCollectable(impl->metrics->registry());
     impl->exposer->RegisterCollectable(impl->metrics->store_collectable());
+    if (impl->events != nullptr) {
+      impl->event_metrics = NewEventMetrics(*impl->events);
+      impl->exposer->RegisterCollectable(impl->event_metrics);
+    }
     auto ports = impl->exposer->GetListeningPorts();
     impl->metrics_port = ports.empty() ? 0 : ports.front();
   }
@@ -163,6 +233,10 @@ void Server::Shutdown() {
   if (impl_->ucx != nullptr) impl_->ucx->Shutdown();
   if (impl_->expiry_thread.joinable()) impl_->expiry_thread.join();
   impl_->exposer.reset();
+  if (impl_->events != nullptr) {
+    impl_->store->SetEventSink(nullptr);
+    impl_->events->Stop();  // what is queued is published first
+  }
   {
     std::lock_guard<std::mutex> lock(impl_->mu);
     impl_->stopped = true;

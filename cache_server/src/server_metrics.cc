@@ -99,6 +99,10 @@ class StoreCollectable final : public prometheus::Collectable {
     auto moves = Family("kvtier_tier_moves_total", "Blocks moved between tiers.", MetricType::Counter);
     Add(moves, v(s.demotions), {{"from", "host"}, {"to", "disk"}});
     Add(moves, v(s.promotions), {{"from", "disk"}, {"to", "host"}});
+    if (store_.has_hbm_tier()) {
+      Add(moves, v(s.hbm_demotions), {{"from", "hbm"}, {"to", "host"}});
+      Add(moves, v(s.hbm_promotions), {{"from", "host"}, {"to", "hbm"}});
+    }
     out.push_back(std::move(moves));
 
     auto defrag = Family("kvtier_defrag_moves_total", "Slabs emptied and handed to another block size.",
@@ -115,6 +119,13 @@ class StoreCollectable final : public prometheus::Collectable {
     Add(disk_errors, v(s.disk_errors));
     out.push_back(std::move(disk_errors));
 
+    if (store_.has_hbm_tier()) {
+      auto hbm_errors = Family("kvtier_hbm_errors_total", "HBM tier copies that failed (the block is dropped or stays put).",
+                               MetricType::Counter);
+      Add(hbm_errors, v(s.hbm_errors));
+      out.push_back(std::move(hbm_errors));
+    }
+
     auto recovered = Family("kvtier_recovered_blocks", "Blocks found on disk at start.", MetricType::Gauge);
     Add(recovered, v(s.recovered_blocks));
     out.push_back(std::move(recovered));
@@ -123,6 +134,21 @@ class StoreCollectable final : public prometheus::Collectable {
     Add(rejections, v(s.rejections_no_space), {{"reason", "no_space"}});
     Add(rejections, static_cast<double>(metrics_.invalid_requests()), {{"reason", "invalid_argument"}});
     out.push_back(std::move(rejections));
+
+    auto shadow = Family("kvtier_shadow_lookup_blocks_total",
+                         "Blocks asked of lookups in shadow namespaces, by what the result would have been "
+                         "(all were answered absent).", MetricType::Counter);
+    // Hits first: CountShadowLookup adds the asked blocks before the hits.
+    const uint64_t shadow_hits = metrics_.shadow_hit_blocks();
+    const uint64_t shadow_asked = metrics_.shadow_lookup_blocks();
+    Add(shadow, static_cast<double>(shadow_hits), {{"result", "hit"}});
+    Add(shadow, static_cast<double>(shadow_asked > shadow_hits ? shadow_asked - shadow_hits : 0), {{"result", "miss"}});
+    out.push_back(std::move(shadow));
+    auto shadow_reads = Family("kvtier_shadow_read_blocks_total",
+                               "Blocks asked of reads in shadow namespaces (all answered absent).",
+                               MetricType::Counter);
+    Add(shadow_reads, static_cast<double>(metrics_.shadow_read_blocks()));
+    out.push_back(std::move(shadow_reads));
 
     auto checksum = Family("kvtier_checksum_failures_total", "Blocks whose bytes failed their checksum.",
                            MetricType::Counter);
@@ -146,17 +172,20 @@ class StoreCollectable final : public prometheus::Collectable {
     out.push_back(std::move(reservations));
 
     auto blocks = Family("kvtier_stored_blocks", "Committed blocks, by tier.", MetricType::Gauge);
+    if (store_.has_hbm_tier()) Add(blocks, v(s.hbm_blocks), {{"tier", "hbm"}});
     Add(blocks, v(s.stored_blocks), {{"tier", "host"}});
     if (store_.has_disk_tier()) Add(blocks, v(s.disk_blocks), {{"tier", "disk"}});
     out.push_back(std::move(blocks));
 
     auto stored = Family("kvtier_stored_bytes", "Bytes of slots in use (committed and reserved), by tier.",
                          MetricType::Gauge);
+    if (store_.has_hbm_tier()) Add(stored, v(s.hbm_bytes), {{"tier", "hbm"}});
     Add(stored, v(s.stored_bytes), {{"tier", "host"}});
     if (store_.has_disk_tier()) Add(stored, v(s.disk_bytes), {{"tier", "disk"}});
     out.push_back(std::move(stored));
 
     auto capacity = Family("kvtier_capacity_bytes", "Bytes each tier may hold.", MetricType::Gauge);
+    if (store_.has_hbm_tier()) Add(capacity, static_cast<double>(store_.hbm_capacity_bytes()), {{"tier", "hbm"}});
     Add(capacity, static_cast<double>(store_.capacity_bytes()), {{"tier", "host"}});
     if (store_.has_disk_tier()) Add(capacity, static_cast<double>(store_.disk_capacity_bytes()), {{"tier", "disk"}});
     out.push_back(std::move(capacity));

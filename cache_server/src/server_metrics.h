@@ -15,6 +15,7 @@
 
 #include "absl/time/time.h"
 #include "kvtier/server/block_store.h"
+#include "group_stats.h"
 
 namespace kvtier::server {
 
@@ -44,6 +45,22 @@ class ServerMetrics {
     return transfer_errors_[static_cast<int>(d)].load(std::memory_order_relaxed);
   }
 
+  // Shadow namespaces (docs/config.md): keys asked of Lookup, those present (answered absent: would-be
+  // hits), and keys asked of Read (all answered absent). kvtier_shadow_lookup_blocks_total{result},
+  // kvtier_shadow_read_blocks_total.
+  void CountShadowLookup(uint64_t blocks, uint64_t would_hit_blocks) {
+    shadow_lookup_blocks_.fetch_add(blocks, std::memory_order_relaxed);
+    shadow_hit_blocks_.fetch_add(would_hit_blocks, std::memory_order_relaxed);
+  }
+  void CountShadowRead(uint64_t blocks) { shadow_read_blocks_.fetch_add(blocks, std::memory_order_relaxed); }
+  uint64_t shadow_lookup_blocks() const { return shadow_lookup_blocks_.load(std::memory_order_relaxed); }
+  uint64_t shadow_hit_blocks() const { return shadow_hit_blocks_.load(std::memory_order_relaxed); }
+  uint64_t shadow_read_blocks() const { return shadow_read_blocks_.load(std::memory_order_relaxed); }
+
+  // Lookup statistics per similarity group (AdminService.ListGroups). Thread-safe.
+  GroupStatsTable& groups() { return groups_; }
+  const GroupStatsTable& groups() const { return groups_; }
+
   // What the exposer serves: the registry (histograms) and the store's counters.
   std::shared_ptr<prometheus::Registry> registry() const { return registry_; }
   std::shared_ptr<prometheus::Collectable> store_collectable() const { return store_collectable_; }
@@ -55,6 +72,10 @@ class ServerMetrics {
   std::atomic<uint64_t> invalid_requests_{0};
   std::atomic<uint64_t> transfer_bytes_[2][2] = {};  // [direction][transport]
   std::atomic<uint64_t> transfer_errors_[2] = {};    // [direction], UCX only
+  std::atomic<uint64_t> shadow_lookup_blocks_{0};
+  std::atomic<uint64_t> shadow_hit_blocks_{0};
+  std::atomic<uint64_t> shadow_read_blocks_{0};
+  GroupStatsTable groups_;
 };
 
 }  // namespace kvtier::server

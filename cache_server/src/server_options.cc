@@ -112,6 +112,35 @@ Setter Bool(bool ServerOptions::*field) {
   };
 }
 
+// `namespaces:` is a list of {tenant, model, shadow} mappings (docs/config.md).
+absl::Status ParseNamespaces(const YAML::Node& list, ServerOptions& o) {
+  if (list.IsNull()) return absl::OkStatus();
+  if (!list.IsSequence()) return Bad("namespaces", "must be a list of {tenant, model, shadow}");
+  for (size_t i = 0; i < list.size(); ++i) {
+    const std::string at = absl::StrCat("namespaces[", i, "]");
+    const YAML::Node& item = list[i];
+    if (!item.IsMap()) return Bad(at, "must be a mapping with tenant, model, shadow");
+    NamespaceOptions ns;
+    for (const auto& kv : item) {
+      if (!kv.first.IsScalar()) return Bad(at, "keys must be plain strings");
+      const std::string key = kv.first.Scalar();
+      const std::string full = absl::StrCat(at, ".", key);
+      if (key == "tenant" || key == "model") {
+        if (!kv.second.IsScalar()) return Bad(full, "must be a string");
+        (key == "tenant" ? ns.tenant : ns.model) = kv.second.Scalar();
+      } else if (key == "shadow") {
+        if (!kv.second.IsScalar() || !YAML::convert<bool>::decode(kv.second, ns.shadow)) {
+          return Bad(full, "must be true or false");
+        }
+      } else {
+        return Bad(full, "unknown key; known in namespaces: model, shadow, tenant");
+      }
+    }
+    o.namespaces.push_back(std::move(ns));
+  }
+  return absl::OkStatus();
+}
+
 const std::map<std::string, std::map<std::string, Setter>>& Schema() {
   static const auto* schema = new std::map<std::string, std::map<std::string, Setter>>{
       {"server",
@@ -123,6 +152,11 @@ const std::map<std::string, std::map<std::string, Setter>>& Schema() {
        {{"capacity_bytes", Bytes(&ServerOptions::host_cache_bytes)},
         {"slab_bytes", Bytes(&ServerOptions::slab_bytes)},
         {"defrag_interval", Duration(&ServerOptions::defrag_interval)}}},
+      {"hbm_tier",
+       {{"memory_ratio", Double(&ServerOptions::hbm_memory_ratio)},
+        {"max_bytes", Bytes(&ServerOptions::hbm_max_bytes)},
+        {"device", Bytes(&ServerOptions::hbm_device)},
+        {"promote_on_hit", Bool(&ServerOptions::hbm_promote_on_hit)}}},
       {"disk_tier",
        {{"path", String(&ServerOptions::disk_path)},
         {"capacity_bytes", Bytes(&ServerOptions::disk_capacity_bytes)},
@@ -136,6 +170,12 @@ const std::map<std::string, std::map<std::string, Setter>>& Schema() {
        {{"listen_address", String(&ServerOptions::ucx_listen_address)},
         {"transports", String(&ServerOptions::ucx_transports)},
         {"transfer_timeout", Duration(&ServerOptions::ucx_transfer_timeout)}}},
+      {"events",
+       {{"enabled", Bool(&ServerOptions::events_enabled)},
+        {"pub_endpoint", String(&ServerOptions::events_pub_endpoint)},
+        {"replay_buffer_events", Bytes(&ServerOptions::events_replay_buffer_events)},
+        {"max_batch_events", Bytes(&ServerOptions::events_max_batch_events)},
+        {"heartbeat_interval", Duration(&ServerOptions::events_heartbeat_interval)}}},
       {"eviction",
        {{"policy", String(&ServerOptions::eviction_policy)},
         {"frequency_weight", Double(&ServerOptions::eviction_frequency_weight)},
@@ -151,7 +191,17 @@ const std::map<std::string, std::map<std::string, Setter>>& Schema() {
 
 }  // namespace
 
+const NamespaceOptions* ServerOptions::FindNamespace(const std::string& tenant, const std::string& model) const {
+  for (const NamespaceOptions& ns : namespaces) {
+    if (ns.tenant == tenant && (ns.model.empty() || ns.model == model)) return &ns;
+  }
+  return nullptr;
+}
+
 absl::Status ServerOptions::Validate() const {
+  for (size_t i = 0; i < namespaces.size(); ++i) {
+    if (namespaces[i].tenant.empty()) return Bad(absl::StrCat("namespaces[", i, "].tenant"), "is required");
+  }
   if (node_id.empty()) return Bad("server.node_id", "is required (a stable id such as the host name)");
   if (node_id.size() > 255) return Bad("server.node_id", "must be at most 255 bytes");
   if (!ValidHostPort(listen_address)) return Bad("server.listen_address", "must be host:port");
@@ -164,6 +214,9 @@ absl::Status ServerOptions::Validate() const {
   if (ucx_transfer_timeout <= absl::ZeroDuration()) return Bad("ucx.transfer_timeout", "must be > 0");
   if (host_cache_bytes == 0) return Bad("host_tier.capacity_bytes", "must be > 0");
   if (slab_bytes == 0) return Bad("host_tier.slab_bytes", "must be > 0");
+  if (!(hbm_memory_ratio >= 0 && hbm_memory_ratio <= 1)) {
+    return Bad("hbm_tier.memory_ratio", "must be in [0, 1] (0 = no HBM tier)");
+  }
   if (!disk_path.empty() && disk_capacity_bytes == 0) {
     return Bad("disk_tier.capacity_bytes", "must be > 0 when disk_tier.path is set");
   }
@@ -195,6 +248,14 @@ absl::Status ServerOptions::Validate() const {
   if (reservation_ttl <= absl::ZeroDuration()) return Bad("leases.reservation_ttl", "must be > 0");
   if (expiry_interval <= absl::ZeroDuration()) return Bad("leases.expiry_interval", "must be > 0");
   if (defrag_interval < absl::ZeroDuration()) return Bad("host_tier.defrag_interval", "must be >= 0 (0 = off)");
+  if (events_enabled) {
+    if (events_pub_endpoint.find("://") == std::string::npos) {
+      return Bad("events.pub_endpoint", "must be a ZeroMQ endpoint such as tcp://0.0.0.0:7402");
+    }
+    if (events_replay_buffer_events == 0) return Bad("events.replay_buffer_events", "must be > 0");
+    if (events_max_batch_events == 0) return Bad("events.max_batch_events", "must be > 0");
+    if (events_heartbeat_interval <= absl::ZeroDuration()) return Bad("events.heartbeat_interval", "must be > 0");
+  }
   return absl::OkStatus();
 }
 
@@ -213,10 +274,15 @@ absl::StatusOr<ServerOptions> ParseServerConfig(const std::string& yaml_text) {
     // Keys must be plain scalars: YAML allows sequences and maps as keys ("? [a]"), and as<>() throws.
     if (!section.first.IsScalar()) return absl::InvalidArgumentError("config: a section name must be a plain string");
     const std::string name = section.first.Scalar();
+    if (name == "namespaces") {  // the one list-valued section
+      if (absl::Status s = ParseNamespaces(section.second, options); !s.ok()) return s;
+      continue;
+    }
     auto sit = schema.find(name);
     if (sit == schema.end()) {
       std::vector<std::string> known;
       for (const auto& [k, _] : schema) known.push_back(k);
+      known.push_back("namespaces");
       return Bad(name, absl::StrCat("unknown section; known: ", absl::StrJoin(known, ", ")));
     }
     if (section.second.IsNull()) continue;

@@ -18,10 +18,13 @@ absl::StatusOr<std::unique_ptr<SlabAllocator>> SlabAllocator::Create(const SlabA
   const uint64_t num_slabs = (options.capacity_bytes + options.slab_bytes - 1) / options.slab_bytes;
   if (num_slabs > 0xffffffffULL) return absl::InvalidArgumentError("slab_bytes: too small for capacity_bytes");
   // Reserve address space only: pages are touched (and counted as resident) as blocks are written.
-  void* p = mmap(nullptr, options.capacity_bytes, PROT_READ | PROT_WRITE,
-                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-  if (p == MAP_FAILED) {
-    return absl::ResourceExhaustedError(absl::StrCat("mmap of ", options.capacity_bytes, " bytes failed"));
+  void* p = nullptr;
+  if (options.map_region) {
+    p = mmap(nullptr, options.capacity_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+             -1, 0);
+    if (p == MAP_FAILED) {
+      return absl::ResourceExhaustedError(absl::StrCat("mmap of ", options.capacity_bytes, " bytes failed"));
+    }
   }
   auto alloc = std::unique_ptr<SlabAllocator>(new SlabAllocator());
   alloc->base_ = static_cast<std::byte*>(p);
@@ -113,9 +116,11 @@ void SlabAllocator::Free(SlotRef slot) {
   }
 }
 
-std::byte* SlabAllocator::Data(SlotRef slot) const {
+std::byte* SlabAllocator::Data(SlotRef slot) const { return base_ + Offset(slot); }
+
+uint64_t SlabAllocator::Offset(SlotRef slot) const {
   const Slab& s = slabs_[slot.slab];
-  return base_ + s.offset + static_cast<uint64_t>(slot.index) * s.slot_bytes;
+  return s.offset + static_cast<uint64_t>(slot.index) * s.slot_bytes;
 }
 
 std::vector<uint64_t> SlabAllocator::SlotClasses() const {

@@ -19,6 +19,8 @@
 #include "absl/time/time.h"
 #include "kvtier/common/block_key.h"
 #include "kvtier/common/clock.h"
+#include "kvtier/server/block_event_sink.h"
+#include "kvtier/server/device_tier_memory.h"
 #include "kvtier/server/eviction_policy.h"
 #include "kvtier/server/slab_allocator.h"
 
@@ -40,6 +42,12 @@ struct BlockStoreOptions {
   std::string disk_path;
   uint64_t disk_capacity_bytes = 0;          // budget on logical block bytes; > 0 when disk_path is set
   bool promote_on_hit = true;                // a read of a disk block moves it back to host memory
+  // HBM tier above host memory: its device memory (shared so a transport may keep it alive); null = no
+  // HBM tier. Slots are carved from it by slab_bytes, like the host tier's.
+  std::shared_ptr<DeviceTierMemory> hbm_memory;
+  // A read hit on a host block moves it up to the HBM tier (the HBM tier holds the blocks that are read;
+  // puts land in host memory, which both data paths write without staging).
+  bool hbm_promote_on_hit = true;
 
   // Errors: InvalidArgument naming the field.
   absl::Status Validate() const;
@@ -56,7 +64,10 @@ struct NamespaceRef {
 // A stable 64-bit id of a tenant name (XXH3-64), the same after a restart. Thread-safe.
 uint64_t TenantId(const std::string& tenant);
 
-enum class Tier : uint8_t { kHost = 0, kDisk = 1 };
+// kHbm: device memory (the HBM tier, when configured); kHost: host memory; kDisk: RocksDB.
+enum class Tier : uint8_t { kHost = 0, kDisk = 1, kHbm = 2 };
+// "hbm", "host", "disk".
+const char* TierName(Tier tier);
 
 enum class AllocateOutcome : uint8_t { kAllocated, kAlreadyPresent, kInProgress, kNoSpace };
 enum class CommitOutcome : uint8_t { kCommitted, kChecksumMismatch, kIncomplete, kNotAllocated };
@@ -91,6 +102,11 @@ struct BlockStoreStats {
   std::atomic<uint64_t> recovered_blocks{0};     // found on disk at start
   std::atomic<uint64_t> slab_moves{0};           // slabs emptied and returned to the pool (any size)
   std::atomic<uint64_t> defrag_moved_blocks{0};  // blocks moved between slots by Defragment()
+  std::atomic<uint64_t> hbm_blocks{0};           // gauge: committed blocks in the HBM tier
+  std::atomic<uint64_t> hbm_bytes{0};            // gauge: slot bytes of the HBM tier in use
+  std::atomic<uint64_t> hbm_promotions{0};       // host -> HBM
+  std::atomic<uint64_t> hbm_demotions{0};        // HBM -> host
+  std::atomic<uint64_t> hbm_errors{0};           // device copies that failed (the block is dropped or not moved)
 };
 
 // Per-block answer of AcquireRead.
@@ -101,10 +117,14 @@ struct ReadBlockInfo {
 };
 
 // The index maps BlockKey to an entry with the namespace and tenant, tier, slot, size, checksum, lease
-// count and state. Tiers: host memory (slots), then disk (RocksDB) when configured: evicting a host block
-// demotes it to disk, the disk evicts by its own policy instance and drops; a read of a disk block
-// verifies its checksum (a failing block is dropped and counted, never served) and, with
-// promote_on_hit, moves it back to host memory. Disk blocks survive a restart (recovered in Create).
+// count and state. Tiers, each with its own policy instance, exclusive of each other: HBM (device
+// memory, when hbm_memory is set), host memory (slots), then disk (RocksDB) when configured. Puts land in
+// host memory. Evicting an HBM block demotes it to host, evicting a host block demotes it to disk, the
+// disk evicts and drops. A read hit on a host block moves it up to HBM (hbm_promote_on_hit); a read of a
+// disk block verifies its checksum (a failing block is dropped and counted, never served) and, with
+// promote_on_hit, moves it back to host memory. Every move between tiers verifies the checksum of the
+// bytes that arrived; a read served from HBM copies the block to host memory for the lease and verifies
+// it there. Disk blocks survive a restart (recovered in Create).
 // Disk I/O currently runs under the store's lock. A block becomes visible only after Commit verified its checksum; a leased block is never
 // evicted or reused; a reservation that is not committed within reservation_ttl returns its slots.
 // Capacity: slots come from a SlabAllocator of capacity_bytes, so usage never exceeds it; when no
@@ -209,6 +229,25 @@ class BlockStore {
   void FinishReceive(uint64_t reservation_id, uint32_t index, uint64_t bytes, bool ok,
                      std::optional<uint64_t> checksum = std::nullopt);
 
+  // --- Device-to-device transfers (the NCCL transport, transport/nccl/) ---
+
+  // A block pinned in the HBM tier: its device address and size, valid until the lease ends.
+  struct DeviceBlock {
+    void* device_data = nullptr;
+    uint64_t size_bytes = 0;
+  };
+  struct HbmLease {
+    uint64_t lease_id = 0;                          // 0 when no block was placed in HBM
+    std::vector<std::optional<DeviceBlock>> blocks; // per key; nullopt: absent, or not placeable in HBM
+  };
+  // Leases the present blocks of `keys` that are, or can be brought, in the HBM tier (host and disk
+  // blocks move up, as on a read hit, whatever hbm_promote_on_hit says), and counts an access to each.
+  // Release the lease with Release(); until then the blocks are neither evicted nor moved, as with
+  // AcquireRead. Blocks whose device memory has no device address (not CUDA memory) are nullopt.
+  // Errors: FailedPrecondition (no HBM tier).
+  absl::StatusOr<HbmLease> AcquireHbmRead(const NamespaceRef& ns, std::span<const BlockKey> keys,
+                                          absl::Duration lease_ttl);
+
   // Expires reservations and leases past their deadline (every other call also does so lazily).
   void ExpireNow();
 
@@ -265,10 +304,25 @@ class BlockStore {
   void SetDraining(bool draining);
   bool draining() const { return draining_.load(std::memory_order_relaxed); }
 
+  // ---- KV events (docs/events.md) ----
+
+  // Attaches `sink` (not owned; it must outlive the store or be detached with nullptr first). Under the
+  // store's lock, it first receives OnCleared and one OnStored per committed block, so the calls it sees
+  // describe the store from an empty set on; every later change follows in order.
+  void SetEventSink(BlockEventSink* sink);
+  // Every committed block, listed under the store's lock; `at_cut` runs under that same lock, so what it
+  // records (the sink's latest sequence number) is consistent with the list: the sink calls made after
+  // it, applied to the list, give the store's contents. O(blocks) under the lock.
+  std::vector<EventBlockInfo> SnapshotForEvents(const std::function<void()>& at_cut) const;
+
   const BlockStoreStats& stats() const { return stats_; }
   uint64_t capacity_bytes() const;
   uint64_t used_bytes() const;
   bool has_disk_tier() const { return disk_ != nullptr; }
+  bool has_hbm_tier() const { return hbm_memory_ != nullptr; }
+  uint64_t hbm_capacity_bytes() const { return hbm_memory_ != nullptr ? hbm_allocator_->capacity_bytes() : 0; }
+  // "cuda:0 22.0 GiB", or "" without an HBM tier.
+  std::string hbm_description() const { return hbm_memory_ != nullptr ? hbm_memory_->Describe() : std::string(); }
   uint64_t disk_capacity_bytes() const { return disk_ != nullptr ? options_.disk_capacity_bytes : 0; }
   const char* eviction_policy_name() const { return policy_->name(); }
 
@@ -287,7 +341,7 @@ class BlockStore {
     uint64_t checksum = 0;
     uint64_t reservation_id = 0;  // while kReserved
     uint64_t tenant_id = 0;
-    SlotRef slot;                 // while tier == kHost
+    SlotRef slot;                 // while tier == kHost (allocator_) or kHbm (hbm_allocator_)
     uint32_t lease_count = 0;
     uint32_t access_count = 0;
     uint32_t depth = 0;
@@ -327,7 +381,19 @@ class BlockStore {
   // its bytes are bad) on failure.
   bool LoadFromDiskLocked(EntryHandle h, std::vector<std::byte>* owned);
   absl::Status RecoverDiskLocked();
-  EvictionPolicy& PolicyOf(const Entry& e) { return e.tier == Tier::kHost ? *policy_ : *disk_policy_; }
+  EvictionPolicy& PolicyOf(const Entry& e) {
+    return e.tier == Tier::kHost ? *policy_ : e.tier == Tier::kDisk ? *disk_policy_ : *hbm_policy_;
+  }
+  // Moves a committed, leased host block up to the HBM tier, making room there. False (the block stays
+  // in host memory) when nothing in HBM can be evicted or the copy fails.
+  bool PromoteToHbmLocked(EntryHandle h);
+  // Moves an HBM block down to host memory (making room there, which may demote to disk), or drops it
+  // when there is no room or its bytes fail their checksum.
+  void DemoteFromHbmLocked(EntryHandle h);
+  // Evicts one unleased HBM block whose slot fits `slot_bytes` (or empties its slab). False when none.
+  bool EvictOneHbmLocked(uint64_t slot_bytes);
+  // Copies an HBM block to `out` (resized) and verifies its checksum. False on a failed copy or checksum.
+  bool ReadHbmLocked(const Entry& e, std::vector<std::byte>* out);
   void ExpireLocked(absl::Time now);
   void EndLeaseLocked(uint64_t lease_id, Lease& lease);
   void EndReservationLocked(Reservation& r);
@@ -337,6 +403,9 @@ class BlockStore {
   BlockAccess AccessOf(const Entry& e) const;
   BlockInfo InfoOf(const Entry& e) const;
   static bool Matches(const Entry& e, const BlockFilter& f);
+  EventBlockInfo EventInfoOf(const Entry& e) const;
+  // OnCleared, then OnStored for every committed block (no-op without a sink).
+  void RestateToSinkLocked();
 
   BlockStoreOptions options_;
   Clock* clock_;
@@ -344,6 +413,9 @@ class BlockStore {
   std::unique_ptr<EvictionPolicy> policy_;       // host entries
   std::unique_ptr<EvictionPolicy> disk_policy_;  // disk entries
   std::unique_ptr<DiskTier> disk_;         // null without a disk tier
+  std::shared_ptr<DeviceTierMemory> hbm_memory_;  // null without an HBM tier
+  std::unique_ptr<SlabAllocator> hbm_allocator_;  // offsets into hbm_memory_
+  std::unique_ptr<EvictionPolicy> hbm_policy_;    // HBM entries
   BlockStoreStats stats_;
 
   mutable std::mutex mu_;  // std::mutex so ThreadSanitizer sees it (HOUSE_STYLE §8)
@@ -357,6 +429,8 @@ class BlockStore {
   std::priority_queue<Deadline, std::vector<Deadline>, std::greater<>> lease_deadlines_;        // mu_
   std::priority_queue<Deadline, std::vector<Deadline>, std::greater<>> reservation_deadlines_;  // mu_
   uint64_t next_id_ = 1;                                // guarded by mu_
+  BlockEventSink* sink_ = nullptr;                      // guarded by mu_; not owned
+  bool sink_muted_ = false;                             // guarded by mu_; Evict of everything
   std::atomic<bool> draining_{false};
 };
 

@@ -4,12 +4,23 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 
 namespace kvtier::server {
+
+// Settings of the namespaces of one tenant (and model), from the config's `namespaces:` list.
+struct NamespaceOptions {
+  std::string tenant;  // required
+  std::string model;   // empty = every model of the tenant
+  // Shadow mode: lookups are answered "absent" and reads miss, so the namespace is never served, while
+  // puts are stored and the server counts what would have been a hit (kvtierctl stats / groups,
+  // kvtier_shadow_lookup_blocks_total). Default: false.
+  bool shadow = false;
+};
 
 // Every field has a default; Validate() names the first bad one by its YAML key (docs/config.md).
 struct ServerOptions {
@@ -22,6 +33,14 @@ struct ServerOptions {
   std::string disk_path;                            // RocksDB directory of the disk tier; empty = none
   uint64_t disk_capacity_bytes = 0;                 // budget on logical bytes on disk (docs/config.md)
   bool promote_on_hit = true;                       // a hit on disk moves the block back to host memory
+  // HBM tier (docs/config.md `hbm_tier`): hbm_memory_ratio x the device's free memory at start, at most
+  // hbm_max_bytes (0 = no cap), on CUDA device hbm_device. 0 = no HBM tier. When > 0 and no CUDA device
+  // is usable (or the build has no CUDA), the server logs why and runs without it. When a device is
+  // usable, the host tier is page-locked for DMA as well.
+  double hbm_memory_ratio = 0;
+  uint64_t hbm_max_bytes = 0;
+  uint32_t hbm_device = 0;
+  bool hbm_promote_on_hit = true;                   // a read hit on host memory moves the block up to HBM
   uint64_t max_block_bytes = 64ULL << 20;           // Default: 64 MiB; <= slab_bytes
   uint32_t max_blocks_per_request = 65536;          // Default: 64 Ki keys per RPC
   uint64_t max_message_bytes = 80ULL << 20;         // Default: 80 MiB gRPC messages both ways
@@ -40,6 +59,20 @@ struct ServerOptions {
                                                     // default); must include tcp (the listener needs it)
   absl::Duration ucx_transfer_timeout = absl::Seconds(10);  // a UCX send or receive still unfinished after
                                                     // this is cancelled (its endpoint closed) and its pin dropped
+
+  // KV events (docs/events.md): BlockStored/BlockRemoved/BlockMoved/AllBlocksCleared on a ZeroMQ PUB
+  // socket; Replay and Snapshot over gRPC (kvtier.v1.EventService on listen_address). Off by default.
+  bool events_enabled = false;
+  std::string events_pub_endpoint = "tcp://0.0.0.0:7402";  // ZeroMQ endpoint; port 0 = the kernel picks
+  uint32_t events_replay_buffer_events = 65536;     // Default: the latest 64 Ki events kept for Replay
+  uint32_t events_max_batch_events = 256;           // Default: at most 256 events per PUB message
+  absl::Duration events_heartbeat_interval = absl::Seconds(1);  // an empty batch when idle this long
+
+  std::vector<NamespaceOptions> namespaces;         // per-namespace settings; the first match applies
+
+  // The settings of namespace (tenant, model): the first entry of `namespaces` with this tenant and
+  // this model or an empty one; nullptr when none matches.
+  const NamespaceOptions* FindNamespace(const std::string& tenant, const std::string& model) const;
 
   // Errors: InvalidArgument naming the key, e.g. "server.max_block_bytes: must be <= slab_bytes".
   absl::Status Validate() const;

@@ -19,6 +19,10 @@ struct SlabAllocatorOptions {
   uint64_t slab_bytes = 64ULL << 20;     // Default: 64 MiB. Unit handed to a size class; > 0.
   // Slot sizes are block sizes rounded up to this many bytes (a power of two). Default: 64 (a cache line).
   uint64_t slot_alignment_bytes = 64;
+  // True: the allocator maps its own host region and Data() points into it. False: it only hands out
+  // offsets (Offset()) into a region someone else owns, e.g. device memory for the HBM tier; Data()
+  // and Region() must not be used then.
+  bool map_region = true;
 };
 
 // Where a block lives: slab number and slot number within that slab's size class.
@@ -49,8 +53,10 @@ class SlabAllocator {
   std::optional<SlotRef> Allocate(uint64_t block_bytes);
   // Returns `slot` (from Allocate, not yet freed) to its slab.
   void Free(SlotRef slot);
-  // Start of `slot`'s bytes (SlotBytes() of its class long).
+  // Start of `slot`'s bytes (SlotBytes() of its class long). Only with map_region.
   std::byte* Data(SlotRef slot) const;
+  // Offset of `slot`'s first byte from the start of the region.
+  uint64_t Offset(SlotRef slot) const;
   // Slot bytes of the class that `slot` belongs to.
   uint64_t SlotBytesOf(SlotRef slot) const;
   // True when freeing `slot` would return its whole slab to the free pool (it is the slab's last used slot).
