@@ -10,6 +10,7 @@ PACKAGES=(
   libabsl-dev librocksdb-dev libucx-dev ucx-utils
   libgtest-dev googletest libgmock-dev libbenchmark-dev
   librsvg2-bin  # policy_sim --png
+  redis-server libhiredis-dev  # transfer_bench: the Redis baseline
   libyaml-cpp-dev libspdlog-dev libxxhash-dev libssl-dev prometheus-cpp-dev libcli11-dev nlohmann-json3-dev
   libc-ares-dev  # DNS membership (client_lib); also a gRPC dependency
   libzmq3-dev  # KV events (docs/events.md)

@@ -1,7 +1,8 @@
 // transfer_bench: batched get/put throughput of kvtier over UCX and over gRPC bytes, side by side in one
 // run with the limits measured the same way (memcpy, ucx_perftest tag_bw), for the two paths of
-// DESIGN.md §4: same node (UCX shared memory + cma) and another node (UCX tcp; loopback here).
-// It starts and stops its own kvtier-server processes. See bench/README.md.
+// DESIGN.md §4: same node (UCX shared memory + cma) and another node (UCX tcp; loopback here), and
+// next to redis-server GET/SET of the same values through hiredis (a common remote tier).
+// It starts and stops its own kvtier-server and redis-server processes. See bench/README.md.
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -36,6 +37,10 @@
 #include "kvtier/client/client.h"
 #include "kvtier/common/fingerprint.h"
 
+#if KVTIER_HAVE_HIREDIS
+#include <hiredis/hiredis.h>
+#endif
+
 ABSL_FLAG(std::string, server, "", "kvtier-server binary (default: next to this build's bench/)");
 ABSL_FLAG(std::string, paths, "shm,tcp", "paths to measure: shm (UCX_TLS=tcp,shm: cma single-copy), tcp");
 ABSL_FLAG(std::string, block_bytes, "262144,2097152", "block sizes, bytes");
@@ -47,6 +52,8 @@ ABSL_FLAG(std::string, ops, "put,get", "kvtier operations to time (get alone sti
 ABSL_FLAG(bool, grpc, true, "also measure kvtier over gRPC bytes");
 ABSL_FLAG(bool, memcpy, true, "also measure memcpy of the same blocks (the memory limit)");
 ABSL_FLAG(std::string, perftest, "ucx_perftest", "ucx_perftest binary; empty = skip the UCX limit");
+ABSL_FLAG(std::string, redis, "redis-server",
+          "redis-server binary for the Redis baseline (GET/SET through hiredis); empty = skip");
 ABSL_FLAG(bool, json, false, "print the rows as one JSON object");
 ABSL_FLAG(bool, smoke, false, "a tiny run for ctest: tcp only, 64 KiB blocks, batch 2, 3 calls, no perftest");
 
@@ -60,7 +67,7 @@ using kvtier::client::PutResult;
 
 struct Row {
   std::string path;       // shm | tcp | local
-  std::string transport;  // ucx | grpc | memcpy | ucx_perftest
+  std::string transport;  // ucx | grpc | memcpy | ucx_perftest | redis
   std::string operation;  // get | put | copy | tag_bw
   uint64_t block_bytes = 0;
   uint32_t batch = 0;
@@ -320,6 +327,116 @@ std::string DefaultServerBinary() {
 
 }  // namespace
 
+// redis-server on 127.0.0.1 (no persistence), GET and SET of `batch` values of `block` bytes per call,
+// pipelined (all commands written, then all replies read: Redis's batched form), over loopback TCP.
+// Rows: path "tcp", transport "redis", operations "put" (SET) and "get" (GET).
+void MeasureRedis(const std::string& binary, uint64_t block, uint32_t batch, std::vector<Row>& rows) {
+#if KVTIER_HAVE_HIREDIS
+  char tmpl[] = "/tmp/kvtier-redis-XXXXXX";
+  if (mkdtemp(tmpl) == nullptr) return;
+  const std::string dir = tmpl;
+  redisContext* c = nullptr;
+  pid_t pid = -1;
+  for (int attempt = 0; attempt < 5 && c == nullptr; ++attempt) {
+    const int port = 21000 + static_cast<int>((getpid() * 7 + attempt * 131 + block / 4096 + batch) % 20000);
+    pid = Spawn({binary, "--port", std::to_string(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                 "--dir", dir, "--protected-mode", "no", "--proto-max-bulk-len", "1gb",
+                 "--client-query-buffer-limit", "1gb"},
+                {}, dir + "/redis.log");
+    for (int i = 0; i < 200 && c == nullptr; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      redisContext* t = redisConnect("127.0.0.1", port);
+      if (t != nullptr && t->err == 0) {
+        c = t;
+      } else if (t != nullptr) {
+        redisFree(t);
+      }
+      int status = 0;
+      if (waitpid(pid, &status, WNOHANG) == pid) break;  // port taken: try another
+    }
+    if (c == nullptr) Stop(pid);
+  }
+  if (c == nullptr) {
+    std::fprintf(stderr, "transfer_bench: redis-server did not start; see %s/redis.log\n", dir.c_str());
+    return;
+  }
+  std::vector<std::string> values(batch);
+  for (uint32_t b = 0; b < batch; ++b) {
+    values[b].assign(block, '\0');
+    for (uint64_t i = 0; i < block; i += 4096) values[b][i] = static_cast<char>(b + i / 4096);
+  }
+  const int iters = Iterations(block * batch);
+  const int warmup = std::min(3, iters);
+  int failed = 0;
+  auto pipeline = [&](bool set, int call) {
+    for (uint32_t b = 0; b < batch; ++b) {
+      const std::string key = absl::StrCat(set ? call : 0, ":", b);
+      if (set) {
+        redisAppendCommand(c, "SET %b %b", key.data(), key.size(), values[b].data(), values[b].size());
+      } else {
+        redisAppendCommand(c, "GET %b", key.data(), key.size());
+      }
+    }
+    for (uint32_t b = 0; b < batch; ++b) {
+      void* reply = nullptr;
+      if (redisGetReply(c, &reply) != REDIS_OK || reply == nullptr) {
+        ++failed;
+        continue;
+      }
+      auto* r = static_cast<redisReply*>(reply);
+      if (set ? r->type != REDIS_REPLY_STATUS
+              : r->type != REDIS_REPLY_STRING || r->len != static_cast<decltype(r->len)>(block) ||
+                    std::memcmp(r->str, values[b].data(), block) != 0) {
+        ++failed;
+      }
+      freeReplyObject(reply);
+    }
+  };
+  std::vector<double> us;
+  for (int i = 0; i < iters + warmup; ++i) {  // SET: fresh keys every call, as kvtier's put
+    const absl::Time t0 = absl::Now();
+    pipeline(true, i + 1);
+    if (i >= warmup) us.push_back(absl::ToDoubleMicroseconds(absl::Now() - t0));
+    if (i + 1 < iters + warmup) {  // keep memory flat: drop this call's keys (untimed)
+      redisReply* r = static_cast<redisReply*>(redisCommand(c, "FLUSHALL"));
+      if (r != nullptr) freeReplyObject(r);
+    }
+  }
+  Row put = Summarize({.path = "tcp", .transport = "redis", .operation = "put", .block_bytes = block, .batch = batch},
+                      us, block * batch);
+  for (uint32_t b = 0; b < batch; ++b) {  // the GET keys
+    const std::string key = absl::StrCat(0, ":", b);
+    redisReply* r = static_cast<redisReply*>(redisCommand(c, "SET %b %b", key.data(), key.size(),
+                                                          values[b].data(), values[b].size()));
+    if (r != nullptr) freeReplyObject(r);
+  }
+  if (failed > 0) put.note = absl::StrCat(failed, " SET replies failed");
+  rows.push_back(put);
+  failed = 0;
+  us.clear();
+  for (int i = 0; i < iters + warmup; ++i) {
+    const absl::Time t0 = absl::Now();
+    pipeline(false, 0);
+    if (i >= warmup) us.push_back(absl::ToDoubleMicroseconds(absl::Now() - t0));
+  }
+  Row get = Summarize({.path = "tcp", .transport = "redis", .operation = "get", .block_bytes = block, .batch = batch},
+                      us, block * batch);
+  if (failed > 0) get.note = absl::StrCat(failed, " GET replies wrong");
+  rows.push_back(get);
+  redisFree(c);
+  Stop(pid);
+  std::filesystem::remove_all(dir);
+#else
+  (void)binary;
+  (void)block;
+  (void)batch;
+  (void)rows;
+  static bool warned = false;
+  if (!warned) std::fprintf(stderr, "transfer_bench: built without hiredis; no Redis baseline\n");
+  warned = true;
+#endif
+}
+
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("Batched get/put throughput of kvtier over UCX and gRPC, next to memcpy and "
                                "ucx_perftest. See bench/README.md.");
@@ -332,6 +449,7 @@ int main(int argc, char** argv) {
   std::vector<uint64_t> batches = ParseList(absl::GetFlag(FLAGS_batches));
   std::string perftest = absl::GetFlag(FLAGS_perftest);
   bool do_memcpy = absl::GetFlag(FLAGS_memcpy);
+  std::string redis = absl::GetFlag(FLAGS_redis);
   if (absl::GetFlag(FLAGS_smoke)) {
     paths = {"tcp"};
     blocks = {64 << 10};
@@ -400,14 +518,21 @@ int main(int argc, char** argv) {
       for (uint64_t n : batches) MeasureMemcpy(b, static_cast<uint32_t>(n), rows);
     }
   }
+  if (!redis.empty()) {
+    for (uint64_t b : blocks) {
+      for (uint64_t n : batches) MeasureRedis(redis, b, static_cast<uint32_t>(n), rows);
+    }
+  }
 
   // Ratios to the limits of the same run: ucx_perftest of the same path and block size, memcpy of the
   // same block size and batch.
   std::map<std::pair<std::string, uint64_t>, double> perf;
   std::map<std::pair<uint64_t, uint32_t>, double> copy;
+  std::map<std::tuple<std::string, uint64_t, uint32_t>, double> redis_gbps;  // (op, block, batch)
   for (const Row& r : rows) {
     if (r.transport == "ucx_perftest") perf[{r.path, r.block_bytes}] = r.gbps;
     if (r.transport == "memcpy") copy[{r.block_bytes, r.batch}] = r.gbps;
+    if (r.transport == "redis") redis_gbps[{r.operation, r.block_bytes, r.batch}] = r.gbps;
   }
   nlohmann::json out = nlohmann::json::array();
   for (const Row& r : rows) {
@@ -420,16 +545,20 @@ int main(int argc, char** argv) {
     if (auto it = copy.find({r.block_bytes, r.batch}); it != copy.end() && r.transport != "memcpy" && it->second > 0) {
       j["ratio_to_memcpy"] = r.gbps / it->second;
     }
+    if (auto it = redis_gbps.find({r.operation, r.block_bytes, r.batch});
+        it != redis_gbps.end() && r.transport != "redis" && it->second > 0) {
+      j["ratio_to_redis"] = r.gbps / it->second;
+    }
     if (!r.note.empty()) j["note"] = r.note;
     out.push_back(j);
   }
   if (absl::GetFlag(FLAGS_json)) {
     std::printf("%s\n", nlohmann::json{{"rows", out}}.dump().c_str());
   } else {
-    std::printf("%-5s %-12s %-6s %10s %5s %8s %10s %10s %8s %8s  %s\n", "path", "transport", "op", "block", "batch",
-                "GB/s", "p50_us", "p99_us", "/perf", "/memcpy", "note");
+    std::printf("%-5s %-12s %-6s %10s %5s %8s %10s %10s %8s %8s %8s  %s\n", "path", "transport", "op", "block",
+                "batch", "GB/s", "p50_us", "p99_us", "/perf", "/memcpy", "/redis", "note");
     for (const auto& j : out) {
-      std::printf("%-5s %-12s %-6s %10llu %5u %8.2f %10.1f %10.1f %8s %8s  %s\n",
+      std::printf("%-5s %-12s %-6s %10llu %5u %8.2f %10.1f %10.1f %8s %8s %8s  %s\n",
                   j["path"].get<std::string>().c_str(), j["transport"].get<std::string>().c_str(),
                   j["operation"].get<std::string>().c_str(),
                   static_cast<unsigned long long>(j["block_bytes"].get<uint64_t>()), j["batch"].get<uint32_t>(),
@@ -439,6 +568,8 @@ int main(int argc, char** argv) {
                       : "-",
                   j.contains("ratio_to_memcpy") ? absl::StrFormat("%.2f", j["ratio_to_memcpy"].get<double>()).c_str()
                                                 : "-",
+                  j.contains("ratio_to_redis") ? absl::StrFormat("%.2f", j["ratio_to_redis"].get<double>()).c_str()
+                                               : "-",
                   j.contains("note") ? j["note"].get<std::string>().c_str() : "");
     }
   }
