@@ -1,9 +1,5 @@
 #include "ctl_common.h"
 
-#include <arpa/inet.h>
-#include <netdb.h>
-#include <sys/socket.h>
-
 #include <algorithm>
 #include <charconv>
 #include <iterator>
@@ -14,6 +10,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "kvtier/client/dns_resolver.h"
 #include "kvtier/wire/wire.h"
 
 namespace kvtier::cli {
@@ -22,48 +19,21 @@ namespace {
 constexpr uint64_t kMaxMessageBytes = 4ULL << 20;  // admin replies are small (a ListBlocks page: ~2 MiB)
 }  // namespace
 
-std::vector<Endpoint> Connect(const std::vector<std::string>& members) {
+std::vector<Endpoint> Connect(const std::vector<std::string>& members, const CtlOptions& options) {
   const grpc::ChannelArguments args = wire::ChannelArgs(kMaxMessageBytes);
+  const std::shared_ptr<grpc::ChannelCredentials> credentials =
+      options.credentials != nullptr ? options.credentials : grpc::InsecureChannelCredentials();
   std::vector<Endpoint> out;
   for (const std::string& address : members) {
-    auto channel = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+    auto channel = wire::CreateSecureChannel(address, credentials, args, options.security);
     out.push_back({address, channel, v1::AdminService::NewStub(channel), grpc::health::v1::Health::NewStub(channel)});
   }
   return out;
 }
 
-absl::StatusOr<std::vector<std::string>> ResolveMembers(const std::string& name_port) {
-  const size_t colon = name_port.rfind(':');
-  if (colon == std::string::npos || colon == 0 || colon + 1 == name_port.size()) {
-    return absl::InvalidArgumentError(absl::StrCat("\"", name_port, "\" is not NAME:PORT"));
-  }
-  const std::string host = name_port.substr(0, colon);
-  const std::string port = name_port.substr(colon + 1);
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  addrinfo* res = nullptr;
-  if (const int rc = getaddrinfo(host.c_str(), port.c_str(), &hints, &res); rc != 0) {
-    return absl::UnavailableError(absl::StrCat(host, ": ", gai_strerror(rc)));
-  }
-  std::vector<std::string> out;
-  absl::flat_hash_set<std::string> seen;
-  for (const addrinfo* a = res; a != nullptr; a = a->ai_next) {
-    char ip[INET6_ADDRSTRLEN] = {};
-    std::string address;
-    if (a->ai_family == AF_INET) {
-      inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in*>(a->ai_addr)->sin_addr, ip, sizeof(ip));
-      address = absl::StrCat(ip, ":", port);
-    } else if (a->ai_family == AF_INET6) {
-      inet_ntop(AF_INET6, &reinterpret_cast<const sockaddr_in6*>(a->ai_addr)->sin6_addr, ip, sizeof(ip));
-      address = absl::StrCat("[", ip, "]:", port);
-    } else {
-      continue;
-    }
-    if (seen.insert(address).second) out.push_back(std::move(address));
-  }
-  freeaddrinfo(res);
-  return out;
+absl::StatusOr<std::vector<std::string>> ResolveMembers(const std::string& name_port, const std::string& dns_server,
+                                                        absl::Duration timeout) {
+  return client::ResolveMembers(name_port, dns_server, timeout);  // the client library's own code path
 }
 
 bool IsUnreachable(const grpc::Status& s) {

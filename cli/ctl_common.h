@@ -25,6 +25,7 @@
 #include "kvtier/common/fingerprint.h"
 #include "kvtier/common/hash_ring.h"
 #include "kvtier/v1/admin.grpc.pb.h"
+#include "kvtier/wire/channel_security.h"
 
 namespace kvtier::cli {
 
@@ -44,6 +45,11 @@ struct CtlOptions {
   absl::Duration rpc_timeout = absl::Milliseconds(2000);   // deadline of every unary RPC
   bool json = false;                                       // one JSON object on stdout instead of tables
   uint32_t virtual_nodes = HashRing::kDefaultVirtualNodes; // ring points per member, as the client's default
+  // TLS, mutual TLS and the bearer token (--tls-ca-file, --tls-cert-file, --tls-key-file,
+  // --tls-server-name, --token / $KVTIER_TOKEN); off by default.
+  wire::ChannelSecurity security;
+  // Made from `security` by main() before any command runs; null = plaintext.
+  std::shared_ptr<grpc::ChannelCredentials> credentials;
 };
 
 // ---------------------------------------------------------------------------------------------------
@@ -57,12 +63,15 @@ struct Endpoint {
   std::unique_ptr<grpc::health::v1::Health::Stub> health;
 };
 
-std::vector<Endpoint> Connect(const std::vector<std::string>& members);
+// Channels to `members` with the credentials and token of `options`.
+std::vector<Endpoint> Connect(const std::vector<std::string>& members, const CtlOptions& options);
 
 // The addresses `name_port` ("NAME:PORT", e.g. a headless Service) resolves to, as "ip:port" ("[ip]:port"
-// for IPv6), in the resolver's order without repeats. Errors: InvalidArgument (not NAME:PORT),
-// Unavailable (the name does not resolve).
-absl::StatusOr<std::vector<std::string>> ResolveMembers(const std::string& name_port);
+// for IPv6), in the resolver's order without repeats: client::ResolveMembers, the code path and
+// dns_server option of ClientOptions::members_dns. `dns_server` "" = the system resolver. Errors:
+// InvalidArgument (not NAME:PORT, bad dns_server), NotFound (no record), Unavailable (no answer in time).
+absl::StatusOr<std::vector<std::string>> ResolveMembers(const std::string& name_port, const std::string& dns_server,
+                                                        absl::Duration timeout);
 
 // One unary RPC made with the callback API; it must outlive its callback.
 template <typename Req, typename Resp>
