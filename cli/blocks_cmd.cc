@@ -62,7 +62,7 @@ const std::vector<bool> kBlockRight = {false, true, false, false, true, true, tr
 // ls
 
 int RunLs(const CtlOptions& options, const LsOptions& ls) {
-  const std::vector<Endpoint> endpoints = Connect(options.members);
+  const std::vector<Endpoint> endpoints = Connect(options.members, options);
   const ClusterView view = ClusterView::Collect(endpoints, options.rpc_timeout, options.virtual_nodes);
   auto selected = view.Select(ls.nodes);
   if (!selected.ok()) return ReportSelectError(view, selected.status());
@@ -163,7 +163,7 @@ int RunInspect(const CtlOptions& options, const InspectOptions& inspect) {
   Fingerprint fp;
   std::copy(fp_bytes->begin(), fp_bytes->end(), reinterpret_cast<char*>(fp.bytes.data()));
 
-  const std::vector<Endpoint> endpoints = Connect(options.members);
+  const std::vector<Endpoint> endpoints = Connect(options.members, options);
   const ClusterView view = ClusterView::Collect(endpoints, options.rpc_timeout, options.virtual_nodes);
   auto calls = RunCalls<v1::InspectBlockRequest, v1::InspectBlockResponse>(
       endpoints.size(), options.rpc_timeout,
@@ -267,7 +267,7 @@ int RunEvict(const CtlOptions& options, const EvictOptions& evict) {
     req.set_all(evict.all);
   }
 
-  const std::vector<Endpoint> endpoints = Connect(options.members);
+  const std::vector<Endpoint> endpoints = Connect(options.members, options);
   const ClusterView view = ClusterView::Collect(endpoints, options.rpc_timeout, options.virtual_nodes);
   auto selected = view.Select(evict.nodes);
   if (!selected.ok()) return ReportSelectError(view, selected.status());

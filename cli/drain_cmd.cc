@@ -150,7 +150,7 @@ int RunDrain(const CtlOptions& options, const DrainOptions& drain) {
   if (std::find(members.begin(), members.end(), drain.node) == members.end() && drain.node.find(':') != std::string::npos) {
     members.push_back(drain.node);  // an address not in --members: ask it too
   }
-  const std::vector<Endpoint> endpoints = Connect(members);
+  const std::vector<Endpoint> endpoints = Connect(members, options);
   const ClusterView view = ClusterView::Collect(endpoints, options.rpc_timeout, options.virtual_nodes);
   auto target_or = view.Find(drain.node);
   if (!target_or.ok()) {
@@ -217,7 +217,12 @@ int RunDrain(const CtlOptions& options, const DrainOptions& drain) {
       client::ClientOptions source_options{.members = {ep.address},
                                            .virtual_nodes = options.virtual_nodes,
                                            .rpc_timeout = options.rpc_timeout,
-                                           .transport = "grpc"};
+                                           .transport = "grpc",
+                                           .tls_ca_file = options.security.ca_file,
+                                           .tls_cert_file = options.security.cert_file,
+                                           .tls_key_file = options.security.key_file,
+                                           .tls_server_name = options.security.server_name,
+                                           .auth_token = options.security.auth_token};
       client::ClientOptions dest_options = source_options;
       dest_options.members = targets;
       auto source = client::Client::Connect(source_options);

@@ -34,7 +34,7 @@ struct MergedGroup {
 }  // namespace
 
 int RunGroups(const CtlOptions& options, const GroupsOptions& groups) {
-  const std::vector<Endpoint> endpoints = Connect(options.members);
+  const std::vector<Endpoint> endpoints = Connect(options.members, options);
   auto calls = CallEach<v1::ListGroupsRequest, v1::ListGroupsResponse>(
       endpoints, options.rpc_timeout,
       [](const Endpoint& ep, auto* c, auto cb) { ep.admin->async()->ListGroups(&c->ctx, &c->req, &c->resp, cb); });

@@ -165,6 +165,22 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   bool json = false;
   app.add_flag("--json", json, "Print one JSON object instead of tables");
+  kvtier::wire::ChannelSecurity security;
+  app.add_option("--tls-ca-file", security.ca_file, "PEM CA of the servers' certificates: talk TLS (default: plaintext)")
+      ->envname("KVTIER_TLS_CA_FILE")
+      ->type_name("FILE");
+  app.add_option("--tls-cert-file", security.cert_file, "PEM client certificate for mutual TLS (with --tls-key-file)")
+      ->envname("KVTIER_TLS_CERT_FILE")
+      ->type_name("FILE");
+  app.add_option("--tls-key-file", security.key_file, "PEM key of --tls-cert-file")
+      ->envname("KVTIER_TLS_KEY_FILE")
+      ->type_name("FILE");
+  app.add_option("--tls-server-name", security.server_name,
+                 "Name the servers' certificates carry, when not the host of --members")
+      ->type_name("NAME");
+  app.add_option("--token", security.auth_token, "Bearer token (an admin token for most commands)")
+      ->envname("KVTIER_TOKEN")
+      ->type_name("TOKEN");
   uint32_t virtual_nodes = kvtier::HashRing::kDefaultVirtualNodes;
   app.add_option("--virtual-nodes", virtual_nodes, "Ring points per member; must match the clients' setting")
       ->check(CLI::Range(1u, 1u << 20))
@@ -293,6 +309,19 @@ int main(int argc, char** argv) {
   }
   options.rpc_timeout = absl::Milliseconds(timeout_ms);
   options.json = json;
+  {
+    auto credentials = kvtier::wire::MakeChannelCredentials(security, "--tls-");
+    if (!credentials.ok()) {
+      const absl::Status& s = credentials.status();
+      if (s.code() == absl::StatusCode::kInvalidArgument && s.message().find("PEM") == absl::string_view::npos) {
+        return UsageError(std::string(s.message()));
+      }
+      std::cerr << "kvtierctl: " << s.message() << "\n";
+      return kExitFailure;
+    }
+    options.credentials = *std::move(credentials);
+    options.security = security;
+  }
   options.virtual_nodes = virtual_nodes;
 
   try {

@@ -77,7 +77,7 @@ int RunLookup(const CtlOptions& options, const LookupOptions& lookup) {
     std::cerr << "kvtierctl: " << fps.status().message() << "\n";
     return kExitUsage;
   }
-  const std::vector<Endpoint> endpoints = Connect(options.members);
+  const std::vector<Endpoint> endpoints = Connect(options.members, options);
   const ClusterView view = ClusterView::Collect(endpoints, options.rpc_timeout, options.virtual_nodes);
   if (!view.ring()) {
     std::cerr << "kvtierctl: cannot build the ring: " << view.ring_status().ToString() << "\n";

@@ -123,7 +123,7 @@ struct StatsReport {
 };
 
 StatsReport CollectStats(const CtlOptions& options, const StatsOptions& stats) {
-  const std::vector<Endpoint> endpoints = Connect(options.members);
+  const std::vector<Endpoint> endpoints = Connect(options.members, options);
   StatsReport report;
   std::optional<Snapshot> first;
   if (stats.interval > absl::ZeroDuration()) {

@@ -64,7 +64,7 @@ void SortTiers(std::vector<std::string>& tiers) {
 }
 
 StatusReport CollectStatus(const CtlOptions& options) {
-  const std::vector<Endpoint> endpoints = Connect(options.members);
+  const std::vector<Endpoint> endpoints = Connect(options.members, options);
   // Health and GetInfo at once, so a hung member costs one deadline, not two.
   auto health_future = std::async(std::launch::async, [&] {
     return CallEach<HealthCheckRequest, HealthCheckResponse>(

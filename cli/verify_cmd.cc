@@ -91,7 +91,7 @@ class ProgressDisplay {
 }  // namespace
 
 int RunVerify(const CtlOptions& options, const VerifyOptions& verify) {
-  const std::vector<Endpoint> endpoints = Connect(options.members);
+  const std::vector<Endpoint> endpoints = Connect(options.members, options);
   const ClusterView view = ClusterView::Collect(endpoints, options.rpc_timeout, options.virtual_nodes);
   auto selected = view.Select(verify.nodes);
   if (!selected.ok()) {

@@ -104,6 +104,7 @@ absl::Status BlockStore::RecoverDiskLocked() {
     e.tier = Tier::kDisk;
     e.inserted_ns = e.last_access_ns = absl::ToUnixNanos(clock_->Now());
     index_.emplace(key, h);
+    tenant_bytes_[e.tenant_id] += e.size_bytes;
     disk_policy_->OnInsert(h, AccessOf(e));
     stats_.disk_blocks.fetch_add(1, std::memory_order_relaxed);
     stats_.disk_bytes.fetch_add(meta.size_bytes, std::memory_order_relaxed);
@@ -156,6 +157,10 @@ void BlockStore::EraseEntryLocked(EntryHandle h) {
     if (!disk_->Delete(e.key).ok()) stats_.disk_errors.fetch_add(1, std::memory_order_relaxed);
     stats_.disk_blocks.fetch_sub(1, std::memory_order_relaxed);
     stats_.disk_bytes.fetch_sub(e.size_bytes, std::memory_order_relaxed);
+  }
+  if (auto t = tenant_bytes_.find(e.tenant_id); t != tenant_bytes_.end()) {
+    t->second -= std::min(t->second, e.size_bytes);
+    if (t->second == 0) tenant_bytes_.erase(t);
   }
   index_.erase(e.key);
   e = Entry{};
@@ -659,6 +664,7 @@ absl::StatusOr<BlockStore::AllocateResult> BlockStore::Allocate(const NamespaceR
   bool any = false;
   uint64_t rejected = 0;
   const uint64_t reservation_id = next_id_++;
+  const auto quota = options_.tenant_quota_bytes.find(ns.tenant_id);
   for (size_t i = 0; i < keys.size(); ++i) {
     auto it = index_.find(keys[i]);
     if (it != index_.end()) {
@@ -680,6 +686,11 @@ absl::StatusOr<BlockStore::AllocateResult> BlockStore::Allocate(const NamespaceR
       ++rejected;
       continue;  // kNoSpace: a draining server takes no new blocks
     }
+    if (quota != options_.tenant_quota_bytes.end() &&
+        !MakeQuotaRoomLocked(ns.tenant_id, quota->second, ns.block_bytes)) {
+      stats_.rejections_quota.fetch_add(1, std::memory_order_relaxed);
+      continue;  // kNoSpace: the tenant is at its quota and has nothing left to drop
+    }
     std::optional<SlotRef> slot = allocator_->Allocate(ns.block_bytes);
     while (!slot.has_value() && EvictOneLocked(slot_bytes)) slot = allocator_->Allocate(ns.block_bytes);
     if (!slot.has_value()) {
@@ -697,6 +708,7 @@ absl::StatusOr<BlockStore::AllocateResult> BlockStore::Allocate(const NamespaceR
     e.reservation_id = reservation_id;
     e.depth = depths.empty() ? 0 : depths[i];
     index_.emplace(keys[i], h);
+    tenant_bytes_[ns.tenant_id] += ns.block_bytes;
     stats_.stored_bytes.fetch_add(allocator_->SlotBytesOf(*slot), std::memory_order_relaxed);
     r.entries[i] = h;
     result.outcomes[i] = AllocateOutcome::kAllocated;
@@ -987,6 +999,55 @@ uint32_t BlockStore::Release(std::span<const uint64_t> lease_ids) {
   }
   ExpireLocked(clock_->Now());
   return released;
+}
+
+std::optional<uint64_t> BlockStore::ReservationTenant(uint64_t reservation_id) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = reservations_.find(reservation_id);
+  if (it == reservations_.end() || it->second.dead) return std::nullopt;
+  for (EntryHandle h : it->second.entries) {
+    if (h != kNoEntry) return entries_[h].tenant_id;
+  }
+  return std::nullopt;
+}
+
+std::optional<uint64_t> BlockStore::LeaseTenant(uint64_t lease_id) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = leases_.find(lease_id);
+  if (it == leases_.end() || it->second.dead) return std::nullopt;
+  for (EntryHandle h : it->second.entries) {
+    if (h != kNoEntry) return entries_[h].tenant_id;
+  }
+  return std::nullopt;
+}
+
+uint64_t BlockStore::TenantBytes(uint64_t tenant_id) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = tenant_bytes_.find(tenant_id);
+  return it == tenant_bytes_.end() ? 0 : it->second;
+}
+
+bool BlockStore::MakeQuotaRoomLocked(uint64_t tenant_id, uint64_t quota_bytes, uint64_t bytes) {
+  if (bytes > quota_bytes) return false;
+  auto used = [&] {
+    auto it = tenant_bytes_.find(tenant_id);
+    return it == tenant_bytes_.end() ? uint64_t{0} : it->second;
+  };
+  auto own_unleased = [&](EntryHandle h) {
+    const Entry& e = entries_[h];
+    return e.tenant_id == tenant_id && e.state == State::kCommitted && e.lease_count == 0;
+  };
+  // Dropped, not demoted: a block on disk still counts against the quota.
+  EvictionPolicy* tiers[] = {disk_policy_.get(), policy_.get(), hbm_policy_.get()};
+  for (EvictionPolicy* policy : tiers) {
+    while (policy != nullptr && used() + bytes > quota_bytes) {
+      auto victim = policy->PickVictim(own_unleased);
+      if (!victim.has_value()) break;
+      EraseEntryLocked(*victim);
+      stats_.quota_evictions.fetch_add(1, std::memory_order_relaxed);
+    }
+  }
+  return used() + bytes <= quota_bytes;
 }
 
 std::span<std::byte> BlockStore::HostRegion() const { return allocator_->Region(); }

@@ -15,13 +15,21 @@ struct CacheServiceImpl::Parsed {
 };
 
 CacheServiceImpl::CacheServiceImpl(const ServerOptions& options, BlockStore& store, ServerMetrics& metrics,
-                                   NamespaceRegistry& namespaces)
-    : options_(options), store_(store), metrics_(metrics), namespaces_(namespaces) {}
+                                   NamespaceRegistry& namespaces, const Authenticator& auth)
+    : options_(options), store_(store), metrics_(metrics), namespaces_(namespaces), auth_(auth) {}
 
-absl::StatusOr<CacheServiceImpl::Parsed> CacheServiceImpl::Parse(const v1::Namespace& pns,
+absl::StatusOr<CacheServiceImpl::Parsed> CacheServiceImpl::Parse(const grpc::ServerContext& ctx,
+                                                                 const v1::Namespace& pns,
                                                                  const v1::BlockKeys& pkeys) {
+  Principal who;
+  if (grpc::Status s = auth_.Authenticate(ctx, &who); !s.ok()) return wire::FromGrpc(s);
   auto ns = wire::FromProto(pns);
   if (!ns.ok()) return ns.status();
+  // A worker touches only its own tenant's namespaces; checked before the namespace is remembered.
+  if (grpc::Status s = auth_.CheckTenant(who, TenantId(ns->tenant), absl::StrCat("namespace.tenant \"", ns->tenant, "\""));
+      !s.ok()) {
+    return wire::FromGrpc(s);
+  }
   const uint64_t block_bytes = ns->layout.ShardBytes();
   if (block_bytes > options_.max_block_bytes) {
     return absl::InvalidArgumentError(absl::StrCat("namespace.layout: a block is ", block_bytes,
@@ -38,15 +46,24 @@ absl::StatusOr<CacheServiceImpl::Parsed> CacheServiceImpl::Parse(const v1::Names
   return p;
 }
 
+grpc::Status CacheServiceImpl::AuthorizeReservation(const grpc::ServerContext& ctx, uint64_t id) const {
+  Principal who;
+  if (grpc::Status s = auth_.Authenticate(ctx, &who); !s.ok()) return s;
+  if (who.admin()) return grpc::Status::OK;
+  const std::optional<uint64_t> tenant = store_.ReservationTenant(id);
+  if (!tenant.has_value()) return grpc::Status::OK;  // unknown or ended: the store answers for it
+  return auth_.CheckTenant(who, *tenant, absl::StrCat("reservation ", id));
+}
+
 grpc::Status CacheServiceImpl::Finish(const char* method, absl::Time start, const grpc::Status& status) {
   if (status.error_code() == grpc::StatusCode::INVALID_ARGUMENT) metrics_.CountInvalid();
   metrics_.ObserveRpc(method, status.error_code(), absl::Now() - start);
   return status;
 }
 
-grpc::Status CacheServiceImpl::Lookup(grpc::ServerContext*, const v1::LookupRequest* req, v1::LookupResponse* resp) {
+grpc::Status CacheServiceImpl::Lookup(grpc::ServerContext* ctx, const v1::LookupRequest* req, v1::LookupResponse* resp) {
   const absl::Time start = absl::Now();
-  auto p = Parse(req->namespace_(), req->keys());
+  auto p = Parse(*ctx, req->namespace_(), req->keys());
   if (!p.ok()) return Finish("Lookup", start, wire::ToGrpc(p.status()));
   // A shadow namespace is never served: no lease, every key answered absent, the would-be hits counted.
   auto r = store_.Lookup(p->ns, p->keys, p->shadow ? absl::ZeroDuration() : absl::Milliseconds(req->lease_ms()));
@@ -60,10 +77,10 @@ grpc::Status CacheServiceImpl::Lookup(grpc::ServerContext*, const v1::LookupRequ
   return Finish("Lookup", start, grpc::Status::OK);
 }
 
-grpc::Status CacheServiceImpl::Allocate(grpc::ServerContext*, const v1::AllocateRequest* req,
+grpc::Status CacheServiceImpl::Allocate(grpc::ServerContext* ctx, const v1::AllocateRequest* req,
                                         v1::AllocateResponse* resp) {
   const absl::Time start = absl::Now();
-  auto p = Parse(req->namespace_(), req->keys());
+  auto p = Parse(*ctx, req->namespace_(), req->keys());
   if (!p.ok()) return Finish("Allocate", start, wire::ToGrpc(p.status()));
   if (req->depths_size() != 0 && static_cast<size_t>(req->depths_size()) != p->keys.size()) {
     return Finish("Allocate", start, grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
@@ -87,12 +104,23 @@ grpc::Status CacheServiceImpl::Allocate(grpc::ServerContext*, const v1::Allocate
   return Finish("Allocate", start, grpc::Status::OK);
 }
 
-grpc::Status CacheServiceImpl::WriteBlocks(grpc::ServerContext*, grpc::ServerReader<v1::WriteBlocksRequest>* reader,
+grpc::Status CacheServiceImpl::WriteBlocks(grpc::ServerContext* ctx, grpc::ServerReader<v1::WriteBlocksRequest>* reader,
                                            v1::WriteBlocksResponse* resp) {
   const absl::Time start = absl::Now();
+  if (auth_.enabled()) {
+    if (grpc::Status s = auth_.AuthorizeAny(*ctx); !s.ok()) return Finish("WriteBlocks", start, s);
+  }
   v1::WriteBlocksRequest chunk;
   uint64_t written = 0;
+  uint64_t authorized_id = 0;  // the reservation the caller was last found allowed to write
   while (reader->Read(&chunk)) {
+    if (auth_.enabled() && chunk.reservation_id() != authorized_id) {
+      if (grpc::Status s = AuthorizeReservation(*ctx, chunk.reservation_id()); !s.ok()) {
+        metrics_.CountTransfer(ServerMetrics::Direction::kWrite, ServerMetrics::Transport::kGrpc, written);
+        return Finish("WriteBlocks", start, s);
+      }
+      authorized_id = chunk.reservation_id();
+    }
     const std::string& data = chunk.data();
     absl::Status s = store_.Write(chunk.reservation_id(), chunk.index(), chunk.offset(),
                                   std::span<const std::byte>(reinterpret_cast<const std::byte*>(data.data()),
@@ -108,8 +136,9 @@ grpc::Status CacheServiceImpl::WriteBlocks(grpc::ServerContext*, grpc::ServerRea
   return Finish("WriteBlocks", start, grpc::Status::OK);
 }
 
-grpc::Status CacheServiceImpl::Commit(grpc::ServerContext*, const v1::CommitRequest* req, v1::CommitResponse* resp) {
+grpc::Status CacheServiceImpl::Commit(grpc::ServerContext* ctx, const v1::CommitRequest* req, v1::CommitResponse* resp) {
   const absl::Time start = absl::Now();
+  if (grpc::Status s = AuthorizeReservation(*ctx, req->reservation_id()); !s.ok()) return Finish("Commit", start, s);
   std::vector<uint64_t> sums(req->checksums().begin(), req->checksums().end());
   auto r = store_.Commit(req->reservation_id(), sums);
   if (!r.ok()) return Finish("Commit", start, wire::ToGrpc(r.status()));
@@ -124,8 +153,9 @@ grpc::Status CacheServiceImpl::Commit(grpc::ServerContext*, const v1::CommitRequ
   return Finish("Commit", start, grpc::Status::OK);
 }
 
-grpc::Status CacheServiceImpl::Abort(grpc::ServerContext*, const v1::AbortRequest* req, v1::AbortResponse*) {
+grpc::Status CacheServiceImpl::Abort(grpc::ServerContext* ctx, const v1::AbortRequest* req, v1::AbortResponse*) {
   const absl::Time start = absl::Now();
+  if (grpc::Status s = AuthorizeReservation(*ctx, req->reservation_id()); !s.ok()) return Finish("Abort", start, s);
   store_.Abort(req->reservation_id());
   return Finish("Abort", start, grpc::Status::OK);
 }
@@ -133,7 +163,7 @@ grpc::Status CacheServiceImpl::Abort(grpc::ServerContext*, const v1::AbortReques
 grpc::Status CacheServiceImpl::Read(grpc::ServerContext* ctx, const v1::ReadRequest* req,
                                     grpc::ServerWriter<v1::ReadResponse>* writer) {
   const absl::Time start = absl::Now();
-  auto p = Parse(req->namespace_(), req->keys());
+  auto p = Parse(*ctx, req->namespace_(), req->keys());
   if (!p.ok()) return Finish("Read", start, wire::ToGrpc(p.status()));
   if (p->shadow) {
     // Never served: every key absent, no lease taken, no access counted.
@@ -200,17 +230,28 @@ grpc::Status CacheServiceImpl::Read(grpc::ServerContext* ctx, const v1::ReadRequ
   return Finish("Read", start, status);
 }
 
-grpc::Status CacheServiceImpl::Release(grpc::ServerContext*, const v1::ReleaseRequest* req,
+grpc::Status CacheServiceImpl::Release(grpc::ServerContext* ctx, const v1::ReleaseRequest* req,
                                        v1::ReleaseResponse* resp) {
   const absl::Time start = absl::Now();
   std::vector<uint64_t> ids(req->lease_ids().begin(), req->lease_ids().end());
+  if (auth_.enabled()) {
+    Principal who;
+    if (grpc::Status s = auth_.Authenticate(*ctx, &who); !s.ok()) return Finish("Release", start, s);
+    for (uint64_t id : ids) {
+      const std::optional<uint64_t> tenant = who.admin() ? std::nullopt : store_.LeaseTenant(id);
+      if (!tenant.has_value()) continue;  // unknown or ended leases are ignored, as by the store
+      if (grpc::Status s = auth_.CheckTenant(who, *tenant, absl::StrCat("lease ", id)); !s.ok()) {
+        return Finish("Release", start, s);
+      }
+    }
+  }
   resp->set_released(store_.Release(ids));
   return Finish("Release", start, grpc::Status::OK);
 }
 
 AdminServiceImpl::AdminServiceImpl(const ServerOptions& options, BlockStore& store, const ServerMetrics& metrics,
-                                   const NamespaceRegistry& namespaces)
-    : options_(options), store_(store), metrics_(metrics), namespaces_(namespaces) {}
+                                   const NamespaceRegistry& namespaces, const Authenticator& auth)
+    : options_(options), store_(store), metrics_(metrics), namespaces_(namespaces), auth_(auth) {}
 
 absl::StatusOr<BlockStore::BlockFilter> AdminServiceImpl::ParseFilter(const v1::BlockFilter& f) const {
   BlockStore::BlockFilter filter;
@@ -247,8 +288,9 @@ void AdminServiceImpl::FillRecord(const BlockStore::BlockInfo& b, v1::BlockRecor
   out->set_idle_ms(absl::ToInt64Milliseconds(now - b.last_access));
 }
 
-grpc::Status AdminServiceImpl::ListBlocks(grpc::ServerContext*, const v1::ListBlocksRequest* req,
+grpc::Status AdminServiceImpl::ListBlocks(grpc::ServerContext* ctx, const v1::ListBlocksRequest* req,
                                           v1::ListBlocksResponse* resp) {
+  if (grpc::Status s = auth_.AuthorizeAdmin(*ctx); !s.ok()) return s;
   auto filter = ParseFilter(req->filter());
   if (!filter.ok()) return wire::ToGrpc(filter.status());
   const size_t limit = req->limit() == 0 ? 100 : std::min<uint32_t>(req->limit(), 10000);
@@ -258,8 +300,9 @@ grpc::Status AdminServiceImpl::ListBlocks(grpc::ServerContext*, const v1::ListBl
   return grpc::Status::OK;
 }
 
-grpc::Status AdminServiceImpl::InspectBlock(grpc::ServerContext*, const v1::InspectBlockRequest* req,
+grpc::Status AdminServiceImpl::InspectBlock(grpc::ServerContext* ctx, const v1::InspectBlockRequest* req,
                                             v1::InspectBlockResponse* resp) {
+  if (grpc::Status s = auth_.AuthorizeAdmin(*ctx); !s.ok()) return s;
   if (req->fingerprint().size() != 32) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                         absl::StrCat("fingerprint is ", req->fingerprint().size(), " bytes, want 32"));
@@ -274,7 +317,8 @@ grpc::Status AdminServiceImpl::InspectBlock(grpc::ServerContext*, const v1::Insp
   return grpc::Status::OK;
 }
 
-grpc::Status AdminServiceImpl::Evict(grpc::ServerContext*, const v1::EvictRequest* req, v1::EvictResponse* resp) {
+grpc::Status AdminServiceImpl::Evict(grpc::ServerContext* ctx, const v1::EvictRequest* req, v1::EvictResponse* resp) {
+  if (grpc::Status s = auth_.AuthorizeAdmin(*ctx); !s.ok()) return s;
   if (!req->fingerprint().empty()) {
     if (req->fingerprint().size() != 32) {
       return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "fingerprint must be 32 bytes");
@@ -301,6 +345,7 @@ grpc::Status AdminServiceImpl::Evict(grpc::ServerContext*, const v1::EvictReques
 
 grpc::Status AdminServiceImpl::Verify(grpc::ServerContext* ctx, const v1::VerifyRequest*,
                                       grpc::ServerWriter<v1::VerifyProgress>* writer) {
+  if (grpc::Status s = auth_.AuthorizeAdmin(*ctx); !s.ok()) return s;
   auto result = store_.Verify([&](uint64_t done, uint64_t total) {
     if (ctx->IsCancelled()) return;
     v1::VerifyProgress p;
@@ -320,14 +365,16 @@ grpc::Status AdminServiceImpl::Verify(grpc::ServerContext* ctx, const v1::Verify
   return grpc::Status::OK;
 }
 
-grpc::Status AdminServiceImpl::SetDraining(grpc::ServerContext*, const v1::SetDrainingRequest* req,
+grpc::Status AdminServiceImpl::SetDraining(grpc::ServerContext* ctx, const v1::SetDrainingRequest* req,
                                            v1::SetDrainingResponse* resp) {
+  if (grpc::Status s = auth_.AuthorizeAdmin(*ctx); !s.ok()) return s;
   store_.SetDraining(req->draining());
   resp->set_draining(store_.draining());
   return grpc::Status::OK;
 }
 
-grpc::Status AdminServiceImpl::GetInfo(grpc::ServerContext*, const v1::GetInfoRequest*, v1::GetInfoResponse* resp) {
+grpc::Status AdminServiceImpl::GetInfo(grpc::ServerContext* ctx, const v1::GetInfoRequest*, v1::GetInfoResponse* resp) {
+  if (grpc::Status s = auth_.AuthorizeAny(*ctx); !s.ok()) return s;
   resp->set_node_id(options_.node_id);
   resp->set_version(KVTIER_VERSION);
   const int ucx_port = ucx_port_.load(std::memory_order_acquire);
@@ -364,8 +411,9 @@ grpc::Status AdminServiceImpl::GetInfo(grpc::ServerContext*, const v1::GetInfoRe
   return grpc::Status::OK;
 }
 
-grpc::Status AdminServiceImpl::GetStats(grpc::ServerContext*, const v1::GetStatsRequest*,
+grpc::Status AdminServiceImpl::GetStats(grpc::ServerContext* ctx, const v1::GetStatsRequest*,
                                         v1::GetStatsResponse* resp) {
+  if (grpc::Status s = auth_.AuthorizeAdmin(*ctx); !s.ok()) return s;
   const BlockStoreStats& s = store_.stats();
   auto v = [](const std::atomic<uint64_t>& a) { return a.load(std::memory_order_relaxed); };
   resp->set_node_id(options_.node_id);
@@ -413,8 +461,9 @@ grpc::Status AdminServiceImpl::GetStats(grpc::ServerContext*, const v1::GetStats
   return grpc::Status::OK;
 }
 
-grpc::Status AdminServiceImpl::ListGroups(grpc::ServerContext*, const v1::ListGroupsRequest* req,
+grpc::Status AdminServiceImpl::ListGroups(grpc::ServerContext* ctx, const v1::ListGroupsRequest* req,
                                           v1::ListGroupsResponse* resp) {
+  if (grpc::Status s = auth_.AuthorizeAdmin(*ctx); !s.ok()) return s;
   resp->set_node_id(options_.node_id);
   resp->set_capacity(static_cast<uint32_t>(metrics_.groups().capacity()));
   resp->set_untracked_lookups(metrics_.groups().untracked_lookups());

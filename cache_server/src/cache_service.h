@@ -5,6 +5,7 @@
 #include <atomic>
 
 #include "absl/time/time.h"
+#include "auth.h"
 #include "kvtier/server/block_store.h"
 #include "kvtier/server/server_options.h"
 #include "kvtier/v1/admin.grpc.pb.h"
@@ -18,8 +19,10 @@ namespace kvtier::server {
 // Thread-safety: gRPC calls the handlers concurrently; all state is in the thread-safe store.
 class CacheServiceImpl final : public v1::CacheService::Service {
  public:
+  // Every handler first checks the caller's token with `auth` (docs/architecture.md "Security").
+  // All references must outlive the service.
   CacheServiceImpl(const ServerOptions& options, BlockStore& store, ServerMetrics& metrics,
-                   NamespaceRegistry& namespaces);
+                   NamespaceRegistry& namespaces, const Authenticator& auth);
 
   grpc::Status Lookup(grpc::ServerContext* ctx, const v1::LookupRequest* req, v1::LookupResponse* resp) override;
   grpc::Status Allocate(grpc::ServerContext* ctx, const v1::AllocateRequest* req,
@@ -34,20 +37,26 @@ class CacheServiceImpl final : public v1::CacheService::Service {
 
  private:
   struct Parsed;
-  // Namespace and keys of a request, validated. Errors: InvalidArgument (counted as a rejection).
-  absl::StatusOr<Parsed> Parse(const v1::Namespace& ns, const v1::BlockKeys& keys);
+  // Namespace and keys of a request, validated, and the caller allowed on the namespace's tenant.
+  // Errors: InvalidArgument (counted as a rejection), Unauthenticated, PermissionDenied.
+  absl::StatusOr<Parsed> Parse(const grpc::ServerContext& ctx, const v1::Namespace& ns, const v1::BlockKeys& keys);
+  // The caller may act on reservation `id` (an unknown one passes: the store refuses it).
+  grpc::Status AuthorizeReservation(const grpc::ServerContext& ctx, uint64_t id) const;
   grpc::Status Finish(const char* method, absl::Time start, const grpc::Status& status);
 
   const ServerOptions& options_;
   BlockStore& store_;
   ServerMetrics& metrics_;
   NamespaceRegistry& namespaces_;
+  const Authenticator& auth_;
 };
 
+// GetInfo answers any authenticated caller (clients ask it for node ids); every other RPC needs an
+// admin token when authentication is on.
 class AdminServiceImpl final : public v1::AdminService::Service {
  public:
   AdminServiceImpl(const ServerOptions& options, BlockStore& store, const ServerMetrics& metrics,
-                   const NamespaceRegistry& namespaces);
+                   const NamespaceRegistry& namespaces, const Authenticator& auth);
 
   grpc::Status GetInfo(grpc::ServerContext* ctx, const v1::GetInfoRequest* req, v1::GetInfoResponse* resp) override;
   grpc::Status GetStats(grpc::ServerContext* ctx, const v1::GetStatsRequest* req,
@@ -75,6 +84,7 @@ class AdminServiceImpl final : public v1::AdminService::Service {
   BlockStore& store_;
   const ServerMetrics& metrics_;
   const NamespaceRegistry& namespaces_;
+  const Authenticator& auth_;
   absl::Time start_ = absl::Now();
   std::atomic<int> ucx_port_{0};
 };

@@ -18,6 +18,8 @@ ABSL_FLAG(std::string, port_file, "",
 ABSL_FLAG(std::string, ucx_listen_address, "",
           "UCX listener host:port, port 0 = any, \"none\" = no UCX (ucx.listen_address)");
 ABSL_FLAG(std::string, ucx_transports, "", "UCX_TLS of the server's UCX context, e.g. tcp or tcp,shm (ucx.transports)");
+ABSL_FLAG(std::string, health_address, "",
+          "plain grpc.health.v1 host:port for probes, or \"none\" (server.health_address)");
 ABSL_FLAG(std::string, host_cache_bytes, "", "host memory for blocks, e.g. 2GiB (host_tier.capacity_bytes)");
 ABSL_FLAG(std::string, slab_bytes, "", "slab size, e.g. 64MiB (host_tier.slab_bytes)");
 ABSL_FLAG(std::string, eviction_policy, "", "lru, weighted or prefix_lrfu (eviction.policy)");
@@ -75,6 +77,8 @@ int main(int argc, char** argv) {
   Override(FLAGS_listen_address, options.listen_address);
   Override(FLAGS_metrics_address, options.metrics_address);
   if (options.metrics_address == "none") options.metrics_address.clear();
+  Override(FLAGS_health_address, options.health_address);
+  if (options.health_address == "none") options.health_address.clear();
   Override(FLAGS_port_file, options.port_file);
   Override(FLAGS_ucx_listen_address, options.ucx_listen_address);
   if (options.ucx_listen_address == "none") options.ucx_listen_address.clear();

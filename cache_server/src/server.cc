@@ -2,6 +2,7 @@
 
 #include <prometheus/exposer.h>
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdio>
 #include <fstream>
@@ -11,9 +12,11 @@
 #include <grpcpp/health_check_service_interface.h>
 
 #include "absl/strings/str_cat.h"
+#include "auth.h"
 #include "cache_service.h"
 #include "events/event_publisher.h"
 #include "events/event_service.h"
+#include "grpc/health/v1/health.grpc.pb.h"
 #include "kvtier/server/block_store.h"
 #include "kvtier/wire/wire.h"
 #include "server_metrics.h"
@@ -37,6 +40,56 @@ absl::Status WriteFileAtomically(const std::string& path, const std::string& tex
   return absl::OkStatus();
 }
 
+// The whole of `path`, which config key `key` names. Errors: NotFound, InvalidArgument (empty, or no
+// PEM block in it).
+absl::StatusOr<std::string> ReadPemFile(const std::string& key, const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat(key, ": ", path, " cannot be read"));
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (text.find("-----BEGIN ") == std::string::npos) {
+    return absl::InvalidArgumentError(absl::StrCat(key, ": ", path, " holds no PEM block"));
+  }
+  return text;
+}
+
+// The credentials of listen_address: plaintext, TLS, or mutual TLS (docs/config.md `tls`).
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ListenCredentials(const ServerOptions& o) {
+  if (!o.tls_enabled()) return grpc::InsecureServerCredentials();
+  auto cert = ReadPemFile("tls.cert_file", o.tls_cert_file);
+  if (!cert.ok()) return cert.status();
+  auto key = ReadPemFile("tls.key_file", o.tls_key_file);
+  if (!key.ok()) return key.status();
+  grpc_ssl_client_certificate_request_type request = GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE;
+  std::string roots;
+  if (!o.tls_client_ca_file.empty()) {
+    auto ca = ReadPemFile("tls.client_ca_file", o.tls_client_ca_file);
+    if (!ca.ok()) return ca.status();
+    roots = *std::move(ca);
+    request = o.tls_require_client_cert ? GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY
+                                        : GRPC_SSL_REQUEST_CLIENT_CERTIFICATE_AND_VERIFY;
+  }
+  grpc::SslServerCredentialsOptions ssl(request);
+  ssl.pem_root_certs = roots;
+  ssl.pem_key_cert_pairs.push_back({*std::move(key), *std::move(cert)});
+  return grpc::SslServerCredentials(ssl);
+}
+
+// grpc.health.v1 Check for the plain health port: SERVING until Shutdown() begins, NOT_SERVING after.
+// (A server with only gRPC's default health service has no synchronous service to poll it.)
+class PlainHealthService final : public grpc::health::v1::Health::Service {
+ public:
+  grpc::Status Check(grpc::ServerContext*, const grpc::health::v1::HealthCheckRequest*,
+                     grpc::health::v1::HealthCheckResponse* resp) override {
+    resp->set_status(serving_.load(std::memory_order_acquire) ? grpc::health::v1::HealthCheckResponse::SERVING
+                                                              : grpc::health::v1::HealthCheckResponse::NOT_SERVING);
+    return grpc::Status::OK;
+  }
+  void SetNotServing() { serving_.store(false, std::memory_order_release); }
+
+ private:
+  std::atomic<bool> serving_{true};
+};
+
 }  // namespace
 
 struct Server::Impl {
@@ -45,6 +98,7 @@ struct Server::Impl {
   std::unique_ptr<PinnedHostRegion> pinned_host;  // the host tier page-locked, when a device is usable
   std::unique_ptr<ServerMetrics> metrics;
   NamespaceRegistry namespaces;
+  std::unique_ptr<Authenticator> auth;
   std::unique_ptr<CacheServiceImpl> cache_service;
   std::unique_ptr<AdminServiceImpl> admin_service;
   // The NCCL transport (docs/gpu.md), served when the store has an HBM tier and the build has NCCL.
@@ -52,6 +106,8 @@ struct Server::Impl {
   std::unique_ptr<HbmBlockSource> hbm_source;
   std::unique_ptr<nccl::NcclService> nccl_service;  // outlives grpc_server (declared before it)
   std::unique_ptr<grpc::Server> grpc_server;
+  std::unique_ptr<PlainHealthService> plain_health;  // outlives health_server
+  std::unique_ptr<grpc::Server> health_server;  // plain grpc.health.v1 on health_address; null without it
   std::unique_ptr<prometheus::Exposer> exposer;
   std::unique_ptr<UcxServer> ucx;  // null without ucx_listen_address; destroyed before the store
   std::unique_ptr<EventPublisher> events;  // null unless events_enabled; detached and destroyed before the store
@@ -59,6 +115,7 @@ struct Server::Impl {
   std::shared_ptr<prometheus::Collectable> event_metrics;  // the exposer holds it weakly
   int grpc_port = 0;
   int metrics_port = 0;
+  int health_port = 0;
 
   std::mutex mu;
   std::condition_variable cv;
@@ -107,6 +164,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
       return memory.status();
     }
   }
+  absl::flat_hash_map<uint64_t, uint64_t> quotas;
+  for (const auto& [tenant, bytes] : options.tenant_quotas) quotas[TenantId(tenant)] = bytes;
   auto store = BlockStore::Create({.capacity_bytes = options.host_cache_bytes,
                                    .slab_bytes = options.slab_bytes,
                                    .eviction_policy = options.eviction_policy,
@@ -119,7 +178,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
                                    .disk_capacity_bytes = options.disk_capacity_bytes,
                                    .promote_on_hit = options.promote_on_hit,
                                    .hbm_memory = hbm,
-                                   .hbm_promote_on_hit = options.hbm_promote_on_hit});
+                                   .hbm_promote_on_hit = options.hbm_promote_on_hit,
+                                   .tenant_quota_bytes = std::move(quotas)});
   if (!store.ok()) return store.status();
   impl->store = std::move(store).value();
   if (hbm != nullptr) {
@@ -134,10 +194,15 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
     }
   }
   impl->metrics = std::make_unique<ServerMetrics>(*impl->store, options.node_id);
-  impl->cache_service =
-      std::make_unique<CacheServiceImpl>(impl->options, *impl->store, *impl->metrics, impl->namespaces);
-  impl->admin_service =
-      std::make_unique<AdminServiceImpl>(impl->options, *impl->store, *impl->metrics, impl->namespaces);
+  auto auth = Authenticator::Create(impl->options, *impl->metrics);
+  if (!auth.ok()) return auth.status();
+  impl->auth = std::move(auth).value();
+  auto credentials = ListenCredentials(impl->options);
+  if (!credentials.ok()) return credentials.status();
+  impl->cache_service = std::make_unique<CacheServiceImpl>(impl->options, *impl->store, *impl->metrics,
+                                                           impl->namespaces, *impl->auth);
+  impl->admin_service = std::make_unique<AdminServiceImpl>(impl->options, *impl->store, *impl->metrics,
+                                                           impl->namespaces, *impl->auth);
 
   // The UCX listener first, so that GetInfo advertises it from the first RPC on.
   if (!options.ucx_listen_address.empty()) {
@@ -164,13 +229,14 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
     if (!events.ok()) return events.status();
     impl->events = std::move(events).value();
     impl->store->SetEventSink(impl->events.get());
-    impl->event_service = std::make_unique<EventServiceImpl>(*impl->events, *impl->store);
+    impl->event_service = std::make_unique<EventServiceImpl>(*impl->events, *impl->store,
+                                                             impl->auth->enabled() ? impl->auth.get() : nullptr);
   }
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
   wire::ConfigureServerBuilder(builder, options.max_message_bytes);
-  builder.AddListeningPort(options.listen_address, grpc::InsecureServerCredentials(), &impl->grpc_port);
+  builder.AddListeningPort(options.listen_address, *credentials, &impl->grpc_port);
   builder.RegisterService(impl->cache_service.get());
   builder.RegisterService(impl->admin_service.get());
   if (impl->store->has_hbm_tier() && nccl::NcclBuilt()) {
@@ -186,7 +252,23 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   if (impl->event_service != nullptr) builder.RegisterService(impl->event_service.get());
   impl->grpc_server = builder.BuildAndStart();
   if (impl->grpc_server == nullptr || impl->grpc_port == 0) {
-    return absl::UnavailableError(absl::StrCat("cannot listen on ", options.listen_address));
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", options.listen_address,
+                                               options.tls_enabled() ? " (or tls.cert_file/tls.key_file are not "
+                                                                       "a matching certificate and key)"
+                                                                     : ""));
+  }
+  if (!options.health_address.empty()) {
+    // Probes that cannot present a client certificate (the kubelet's) get grpc.health.v1 here, in
+    // plaintext, and nothing else: no cache or admin service is registered on this server.
+    impl->plain_health = std::make_unique<PlainHealthService>();
+    grpc::ServerBuilder health_builder;
+    health_builder.AddListeningPort(options.health_address, grpc::InsecureServerCredentials(), &impl->health_port);
+    health_builder.RegisterService(impl->plain_health.get());
+    impl->health_server = health_builder.BuildAndStart();
+    if (impl->health_server == nullptr || impl->health_port == 0) {
+      impl->grpc_server->Shutdown();
+      return absl::UnavailableError(absl::StrCat("cannot listen on server.health_address ", options.health_address));
+    }
   }
 
   if (!options.metrics_address.empty()) {
@@ -209,8 +291,10 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   impl->expiry_thread = std::thread([p = impl.get()] { p->ExpiryLoop(); });
   auto server = std::unique_ptr<Server>(new Server(std::move(impl)));
   if (!options.port_file.empty()) {
+    // A fourth number, the health port, only with health_address (readers of three numbers stay valid).
+    const std::string health = options.health_address.empty() ? "" : absl::StrCat(" ", server->health_port());
     absl::Status s = WriteFileAtomically(options.port_file, absl::StrCat(server->grpc_port(), " ", server->metrics_port(),
-                                                                         " ", server->ucx_port(), "\n"));
+                                                                         " ", server->ucx_port(), health, "\n"));
     if (!s.ok()) return s;  // ~Server shuts down
   }
   return server;
@@ -227,8 +311,10 @@ void Server::Shutdown() {
   impl_->cv.notify_all();
   // Health turns NOT_SERVING first, so that probes and clients stop sending new work.
   if (auto* health = impl_->grpc_server->GetHealthCheckService(); health != nullptr) health->Shutdown();
+  if (impl_->plain_health != nullptr) impl_->plain_health->SetNotServing();
   // In-flight RPCs get a short grace period, then are cancelled.
   impl_->grpc_server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+  if (impl_->health_server != nullptr) impl_->health_server->Shutdown(std::chrono::system_clock::now());
   // Then the UCX plane: transfers in flight are cancelled (clients see misses) and their pins dropped.
   if (impl_->ucx != nullptr) impl_->ucx->Shutdown();
   if (impl_->expiry_thread.joinable()) impl_->expiry_thread.join();
@@ -251,6 +337,7 @@ void Server::Wait() {
 
 int Server::grpc_port() const { return impl_->grpc_port; }
 int Server::metrics_port() const { return impl_->metrics_port; }
+int Server::health_port() const { return impl_->health_port; }
 int Server::ucx_port() const { return impl_->ucx != nullptr ? impl_->ucx->port() : 0; }
 const ServerOptions& Server::options() const { return impl_->options; }
 BlockStore& Server::store_for_test() { return *impl_->store; }

@@ -95,6 +95,11 @@ class StoreCollectable final : public prometheus::Collectable {
     Add(evictions, v(s.evictions), {{"tier", "host"}});
     Add(evictions, v(s.disk_evictions), {{"tier", "disk"}});
     out.push_back(std::move(evictions));
+    auto quota_evictions = Family("kvtier_quota_evictions_total",
+                                  "Blocks a tenant at its quota dropped (its own least recently used) to make room.",
+                                  MetricType::Counter);
+    Add(quota_evictions, v(s.quota_evictions));
+    out.push_back(std::move(quota_evictions));
 
     auto moves = Family("kvtier_tier_moves_total", "Blocks moved between tiers.", MetricType::Counter);
     Add(moves, v(s.demotions), {{"from", "host"}, {"to", "disk"}});
@@ -132,6 +137,9 @@ class StoreCollectable final : public prometheus::Collectable {
 
     auto rejections = Family("kvtier_rejections_total", "Requests or blocks refused, by reason.", MetricType::Counter);
     Add(rejections, v(s.rejections_no_space), {{"reason", "no_space"}});
+    Add(rejections, v(s.rejections_quota), {{"reason", "quota"}});
+    Add(rejections, static_cast<double>(metrics_.auth_rejections()), {{"reason", "unauthenticated"}});
+    Add(rejections, static_cast<double>(metrics_.permission_rejections()), {{"reason", "permission_denied"}});
     Add(rejections, static_cast<double>(metrics_.invalid_requests()), {{"reason", "invalid_argument"}});
     out.push_back(std::move(rejections));
 

@@ -29,6 +29,12 @@ class ServerMetrics {
   // Counts a request refused before it reached the store (INVALID_ARGUMENT).
   void CountInvalid() { invalid_requests_.fetch_add(1, std::memory_order_relaxed); }
   uint64_t invalid_requests() const { return invalid_requests_.load(std::memory_order_relaxed); }
+  // RPCs refused for want of a valid token (UNAUTHENTICATED) or for a token without the right
+  // (PERMISSION_DENIED): kvtier_rejections_total{reason="unauthenticated"|"permission_denied"}.
+  void CountAuthRejection() { auth_rejections_.fetch_add(1, std::memory_order_relaxed); }
+  void CountPermissionRejection() { permission_rejections_.fetch_add(1, std::memory_order_relaxed); }
+  uint64_t auth_rejections() const { return auth_rejections_.load(std::memory_order_relaxed); }
+  uint64_t permission_rejections() const { return permission_rejections_.load(std::memory_order_relaxed); }
 
   // Payload bytes actually moved, counted where they move (kvtier_transfer_bytes_total).
   enum class Direction : uint8_t { kRead = 0, kWrite = 1 };      // read: server -> client
@@ -70,6 +76,8 @@ class ServerMetrics {
   prometheus::Family<prometheus::Histogram>* rpc_duration_;
   std::shared_ptr<prometheus::Collectable> store_collectable_;
   std::atomic<uint64_t> invalid_requests_{0};
+  std::atomic<uint64_t> auth_rejections_{0};
+  std::atomic<uint64_t> permission_rejections_{0};
   std::atomic<uint64_t> transfer_bytes_[2][2] = {};  // [direction][transport]
   std::atomic<uint64_t> transfer_errors_[2] = {};    // [direction], UCX only
   std::atomic<uint64_t> shadow_lookup_blocks_{0};

@@ -7,9 +7,11 @@
 #include <map>
 #include <sstream>
 
+#include <openssl/evp.h>
 #include <yaml-cpp/yaml.h>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -141,13 +143,93 @@ absl::Status ParseNamespaces(const YAML::Node& list, ServerOptions& o) {
   return absl::OkStatus();
 }
 
+// A list of {token | token_sha256, tenant, role} mappings (docs/config.md `auth`).
+absl::StatusOr<std::vector<AuthTokenOptions>> ParseTokenList(const std::string& key, const YAML::Node& list) {
+  std::vector<AuthTokenOptions> out;
+  if (list.IsNull()) return out;
+  if (!list.IsSequence()) return Bad(key, "must be a list of {token or token_sha256, tenant, role}");
+  for (size_t i = 0; i < list.size(); ++i) {
+    const std::string at = absl::StrCat(key, "[", i, "]");
+    const YAML::Node& item = list[i];
+    if (!item.IsMap()) return Bad(at, "must be a mapping with token or token_sha256, tenant, role");
+    AuthTokenOptions t;
+    bool plain = false;
+    for (const auto& kv : item) {
+      if (!kv.first.IsScalar()) return Bad(at, "keys must be plain strings");
+      const std::string k = kv.first.Scalar();
+      const std::string full = absl::StrCat(at, ".", k);
+      if (!kv.second.IsScalar()) return Bad(full, "must be a string");
+      const std::string v = kv.second.Scalar();
+      if (k == "token") {
+        if (v.empty()) return Bad(full, "must not be empty");
+        t.token_sha256 = Sha256Hex(v);
+        plain = true;
+      } else if (k == "token_sha256") {
+        t.token_sha256 = absl::AsciiStrToLower(v);
+      } else if (k == "tenant") {
+        t.tenant = v;
+      } else if (k == "role") {
+        t.role = v;
+      } else {
+        return Bad(full, "unknown key; known in a token: role, tenant, token, token_sha256");
+      }
+    }
+    if (plain && item["token_sha256"]) return Bad(at, "give token or token_sha256, not both");
+    if (t.token_sha256.empty()) return Bad(at, "needs token or token_sha256");
+    out.push_back(std::move(t));
+  }
+  return out;
+}
+
+// `auth:` {tokens_file, tokens}.
+absl::Status ParseAuth(const YAML::Node& node, ServerOptions& o) {
+  if (node.IsNull()) return absl::OkStatus();
+  if (!node.IsMap()) return Bad("auth", "must be a mapping with tokens_file and/or tokens");
+  for (const auto& kv : node) {
+    if (!kv.first.IsScalar()) return Bad("auth", "keys must be plain strings");
+    const std::string k = kv.first.Scalar();
+    if (k == "tokens_file") {
+      if (!kv.second.IsScalar()) return Bad("auth.tokens_file", "must be a string");
+      o.auth_tokens_file = kv.second.Scalar();
+    } else if (k == "tokens") {
+      auto tokens = ParseTokenList("auth.tokens", kv.second);
+      if (!tokens.ok()) return tokens.status();
+      o.auth_tokens.insert(o.auth_tokens.end(), tokens->begin(), tokens->end());
+    } else {
+      return Bad(absl::StrCat("auth.", k), "unknown key; known in auth: tokens, tokens_file");
+    }
+  }
+  return absl::OkStatus();
+}
+
+// `quotas:` {tenant: size}.
+absl::Status ParseQuotas(const YAML::Node& node, ServerOptions& o) {
+  if (node.IsNull()) return absl::OkStatus();
+  if (!node.IsMap()) return Bad("quotas", "must be a mapping of tenant: size");
+  for (const auto& kv : node) {
+    if (!kv.first.IsScalar()) return Bad("quotas", "keys must be tenant names");
+    const std::string key = absl::StrCat("quotas.", kv.first.Scalar());
+    if (!kv.second.IsScalar()) return Bad(key, "must be a size");
+    auto bytes = ParseByteSize(key, kv.second.Scalar());
+    if (!bytes.ok()) return bytes.status();
+    o.tenant_quotas.emplace_back(kv.first.Scalar(), *bytes);
+  }
+  return absl::OkStatus();
+}
+
 const std::map<std::string, std::map<std::string, Setter>>& Schema() {
   static const auto* schema = new std::map<std::string, std::map<std::string, Setter>>{
       {"server",
        {{"node_id", String(&ServerOptions::node_id)},
         {"listen_address", String(&ServerOptions::listen_address)},
         {"metrics_address", String(&ServerOptions::metrics_address)},
-        {"port_file", String(&ServerOptions::port_file)}}},
+        {"port_file", String(&ServerOptions::port_file)},
+        {"health_address", String(&ServerOptions::health_address)}}},
+      {"tls",
+       {{"cert_file", String(&ServerOptions::tls_cert_file)},
+        {"key_file", String(&ServerOptions::tls_key_file)},
+        {"client_ca_file", String(&ServerOptions::tls_client_ca_file)},
+        {"require_client_cert", Bool(&ServerOptions::tls_require_client_cert)}}},
       {"host_tier",
        {{"capacity_bytes", Bytes(&ServerOptions::host_cache_bytes)},
         {"slab_bytes", Bytes(&ServerOptions::slab_bytes)},
@@ -187,6 +269,18 @@ const std::map<std::string, std::map<std::string, Setter>>& Schema() {
         {"expiry_interval", Duration(&ServerOptions::expiry_interval)}}},
   };
   return *schema;
+}
+
+absl::Status ValidateToken(const std::string& at, const AuthTokenOptions& t) {
+  if (t.token_sha256.size() != 64 ||
+      t.token_sha256.find_first_not_of("0123456789abcdef") != std::string::npos) {
+    return Bad(absl::StrCat(at, ".token_sha256"), "must be 64 hex digits (sha256sum of the token)");
+  }
+  if (t.role != "worker" && t.role != "admin") {
+    return Bad(absl::StrCat(at, ".role"), absl::StrCat("\"", t.role, "\" is not worker or admin"));
+  }
+  if (t.role == "worker" && t.tenant.empty()) return Bad(absl::StrCat(at, ".tenant"), "is required for a worker token");
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -248,6 +342,25 @@ absl::Status ServerOptions::Validate() const {
   if (reservation_ttl <= absl::ZeroDuration()) return Bad("leases.reservation_ttl", "must be > 0");
   if (expiry_interval <= absl::ZeroDuration()) return Bad("leases.expiry_interval", "must be > 0");
   if (defrag_interval < absl::ZeroDuration()) return Bad("host_tier.defrag_interval", "must be >= 0 (0 = off)");
+  if (!health_address.empty() && !ValidHostPort(health_address)) {
+    return Bad("server.health_address", "must be host:port or empty");
+  }
+  if (tls_cert_file.empty() != tls_key_file.empty()) {
+    return Bad(tls_cert_file.empty() ? "tls.cert_file" : "tls.key_file", "tls.cert_file and tls.key_file go together");
+  }
+  if (tls_cert_file.empty() && (!tls_client_ca_file.empty() || tls_require_client_cert)) {
+    return Bad("tls.cert_file", "is required for tls.client_ca_file and tls.require_client_cert");
+  }
+  if (tls_require_client_cert && tls_client_ca_file.empty()) {
+    return Bad("tls.client_ca_file", "is required when tls.require_client_cert is true");
+  }
+  for (size_t i = 0; i < auth_tokens.size(); ++i) {
+    if (absl::Status s = ValidateToken(absl::StrCat("auth.tokens[", i, "]"), auth_tokens[i]); !s.ok()) return s;
+  }
+  for (const auto& [tenant, bytes] : tenant_quotas) {
+    if (tenant.empty()) return Bad("quotas", "a tenant name is empty");
+    if (bytes == 0) return Bad(absl::StrCat("quotas.", tenant), "must be > 0");
+  }
   if (events_enabled) {
     if (events_pub_endpoint.find("://") == std::string::npos) {
       return Bad("events.pub_endpoint", "must be a ZeroMQ endpoint such as tcp://0.0.0.0:7402");
@@ -278,11 +391,22 @@ absl::StatusOr<ServerOptions> ParseServerConfig(const std::string& yaml_text) {
       if (absl::Status s = ParseNamespaces(section.second, options); !s.ok()) return s;
       continue;
     }
+    if (name == "auth" || name == "quotas") {  // free-form keys (tenants) or lists
+      try {
+        absl::Status s = name == "auth" ? ParseAuth(section.second, options) : ParseQuotas(section.second, options);
+        if (!s.ok()) return s;
+      } catch (const YAML::Exception& e) {
+        return Bad(name, e.what());
+      }
+      continue;
+    }
     auto sit = schema.find(name);
     if (sit == schema.end()) {
       std::vector<std::string> known;
       for (const auto& [k, _] : schema) known.push_back(k);
       known.push_back("namespaces");
+      known.push_back("auth");
+      known.push_back("quotas");
       return Bad(name, absl::StrCat("unknown section; known: ", absl::StrJoin(known, ", ")));
     }
     if (section.second.IsNull()) continue;
@@ -305,6 +429,34 @@ absl::StatusOr<ServerOptions> ParseServerConfig(const std::string& yaml_text) {
     }
   }
   return options;
+}
+
+std::string Sha256Hex(const std::string& token) {
+  unsigned char digest[EVP_MAX_MD_SIZE];
+  unsigned int n = 0;
+  if (EVP_Digest(token.data(), token.size(), digest, &n, EVP_sha256(), nullptr) != 1) return std::string();
+  return absl::BytesToHexString(absl::string_view(reinterpret_cast<const char*>(digest), n));
+}
+
+absl::StatusOr<std::vector<AuthTokenOptions>> ParseAuthTokens(const std::string& key, const std::string& yaml_text) {
+  YAML::Node root;
+  try {
+    root = YAML::Load(yaml_text);
+  } catch (const YAML::Exception& e) {
+    return Bad(key, absl::StrCat("is not valid YAML: ", e.what()));
+  }
+  std::vector<AuthTokenOptions> tokens;
+  try {
+    auto parsed = ParseTokenList(key, root);
+    if (!parsed.ok()) return parsed.status();
+    tokens = *std::move(parsed);
+  } catch (const YAML::Exception& e) {
+    return Bad(key, e.what());
+  }
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    if (absl::Status s = ValidateToken(absl::StrCat(key, "[", i, "]"), tokens[i]); !s.ok()) return s;
+  }
+  return tokens;
 }
 
 absl::StatusOr<ServerOptions> LoadServerConfig(const std::string& path) {

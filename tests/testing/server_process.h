@@ -69,6 +69,7 @@ class ServerProcess {
       std::ifstream in(port_file);
       if (in >> p->grpc_port_ >> p->metrics_port_) {
         if (!(in >> p->ucx_port_)) p->ucx_port_ = 0;  // third number: the UCX port, 0 without UCX
+        if (!(in >> p->health_port_)) p->health_port_ = 0;  // fourth: the plain health port, if any
         return p;
       }
       int status = 0;
@@ -106,6 +107,7 @@ class ServerProcess {
   int grpc_port() const { return grpc_port_; }
   int metrics_port() const { return metrics_port_; }
   int ucx_port() const { return ucx_port_; }
+  int health_port() const { return health_port_; }  // 0 without server.health_address
   const std::string& node_id() const { return node_id_; }
   pid_t pid() const { return pid_; }
 
@@ -117,6 +119,7 @@ class ServerProcess {
   int grpc_port_ = 0;
   int metrics_port_ = 0;
   int ucx_port_ = 0;
+  int health_port_ = 0;
 };
 
 }  // namespace kvtier::testing

@@ -2,12 +2,16 @@
 
 #include <prometheus/metric_family.h>
 
+#include "auth.h"
 #include "kvtier/wire/wire.h"
 
 namespace kvtier::server {
 
-grpc::Status EventServiceImpl::GetEventsInfo(grpc::ServerContext*, const v1::GetEventsInfoRequest*,
+grpc::Status EventServiceImpl::GetEventsInfo(grpc::ServerContext* ctx, const v1::GetEventsInfoRequest*,
                                              v1::GetEventsInfoResponse* resp) {
+  if (auth_ != nullptr) {
+    if (grpc::Status s = auth_->AuthorizeAdmin(*ctx); !s.ok()) return s;
+  }
   resp->set_schema_version(v1::EVENT_SCHEMA_CURRENT);
   resp->set_node_id(publisher_.node_id());
   resp->set_instance_id(publisher_.instance_id());
@@ -19,6 +23,9 @@ grpc::Status EventServiceImpl::GetEventsInfo(grpc::ServerContext*, const v1::Get
 
 grpc::Status EventServiceImpl::Replay(grpc::ServerContext* ctx, const v1::ReplayRequest* req,
                                       grpc::ServerWriter<v1::KvEventBatch>* writer) {
+  if (auth_ != nullptr) {
+    if (grpc::Status s = auth_->AuthorizeAdmin(*ctx); !s.ok()) return s;
+  }
   const absl::Status s = publisher_.Replay(req->instance_id(), req->from_seq(), [&](const v1::KvEventBatch& b) {
     return !ctx->IsCancelled() && writer->Write(b);
   });
@@ -27,6 +34,9 @@ grpc::Status EventServiceImpl::Replay(grpc::ServerContext* ctx, const v1::Replay
 
 grpc::Status EventServiceImpl::Snapshot(grpc::ServerContext* ctx, const v1::SnapshotRequest*,
                                         grpc::ServerWriter<v1::SnapshotChunk>* writer) {
+  if (auth_ != nullptr) {
+    if (grpc::Status s = auth_->AuthorizeAdmin(*ctx); !s.ok()) return s;
+  }
   publisher_.Snapshot(store_, kSnapshotChunkBlocks, [&](const v1::SnapshotChunk& c) {
     return !ctx->IsCancelled() && writer->Write(c);
   });

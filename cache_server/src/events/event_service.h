@@ -12,13 +12,18 @@
 
 namespace kvtier::server {
 
+class Authenticator;
+
 // Serves GetEventsInfo, Replay and Snapshot. Borrows `publisher` and `store` for its lifetime (the
 // server owns all three and stops gRPC first). Thread-safety: gRPC calls the methods concurrently.
 class EventServiceImpl final : public v1::EventService::Service {
  public:
   static constexpr size_t kSnapshotChunkBlocks = 4096;
 
-  EventServiceImpl(EventPublisher& publisher, const BlockStore& store) : publisher_(publisher), store_(store) {}
+  // `auth`, when not null, must outlive the service: with authentication on, every RPC needs an admin
+  // token (events describe the blocks of every tenant).
+  EventServiceImpl(EventPublisher& publisher, const BlockStore& store, const Authenticator* auth = nullptr)
+      : publisher_(publisher), store_(store), auth_(auth) {}
 
   grpc::Status GetEventsInfo(grpc::ServerContext* ctx, const v1::GetEventsInfoRequest* req,
                              v1::GetEventsInfoResponse* resp) override;
@@ -30,6 +35,7 @@ class EventServiceImpl final : public v1::EventService::Service {
  private:
   EventPublisher& publisher_;
   const BlockStore& store_;
+  const Authenticator* auth_;
 };
 
 // The publisher's counters for /metrics, read at scrape time: kvtier_events_total,

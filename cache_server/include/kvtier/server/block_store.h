@@ -48,6 +48,13 @@ struct BlockStoreOptions {
   // A read hit on a host block moves it up to the HBM tier (the HBM tier holds the blocks that are read;
   // puts land in host memory, which both data paths write without staging).
   bool hbm_promote_on_hit = true;
+  // Per-tenant byte quotas: tenant id (TenantId()) -> the most bytes of that tenant's blocks (reserved or
+  // committed, in every tier, counted by their logical size) the store keeps. A tenant absent from the
+  // map has no quota. An Allocate that would take a tenant past its quota first drops that tenant's own
+  // least recently used unleased blocks (coldest tier first: disk, host, then HBM; never another
+  // tenant's); when none is left to drop the key is refused (kNoSpace, stats().rejections_quota).
+  // Default: empty (no quotas).
+  absl::flat_hash_map<uint64_t, uint64_t> tenant_quota_bytes;
 
   // Errors: InvalidArgument naming the field.
   absl::Status Validate() const;
@@ -85,6 +92,8 @@ struct BlockStoreStats {
   std::atomic<uint64_t> already_present{0};
   std::atomic<uint64_t> evictions{0};
   std::atomic<uint64_t> rejections_no_space{0};
+  std::atomic<uint64_t> rejections_quota{0};     // keys refused because their tenant is at its quota
+  std::atomic<uint64_t> quota_evictions{0};      // blocks a tenant at its quota dropped to make room
   std::atomic<uint64_t> checksum_failures{0};
   std::atomic<uint64_t> expired_reservations{0};
   std::atomic<uint64_t> expired_leases{0};
@@ -190,6 +199,16 @@ class BlockStore {
 
   // Releases leases; returns how many were live.
   uint32_t Release(std::span<const uint64_t> lease_ids);
+
+  // The tenant id of the blocks of live reservation `reservation_id`, or nullopt when it is unknown,
+  // committed, aborted or expired. Lets the RPC layer refuse a reservation id of another tenant.
+  std::optional<uint64_t> ReservationTenant(uint64_t reservation_id) const;
+  // The tenant id of the blocks of live lease `lease_id`, or nullopt when it is unknown, released or
+  // expired (or holds no block).
+  std::optional<uint64_t> LeaseTenant(uint64_t lease_id) const;
+  // Bytes of tenant `tenant_id`'s blocks now: reserved and committed, every tier, logical sizes (what
+  // tenant_quota_bytes limits). 0 for an unknown tenant.
+  uint64_t TenantBytes(uint64_t tenant_id) const;
 
   // --- Zero-copy transfers (the UCX data plane, cache_server/src/transport/) ---
   // A transport moves a block's bytes straight between its slot and the network instead of copying them
@@ -373,6 +392,9 @@ class BlockStore {
   EntryHandle NewEntryLocked();
   void EraseEntryLocked(EntryHandle h);   // frees slot, removes from map and policy
   bool EvictOneLocked(uint64_t slot_bytes);
+  // Drops unleased committed blocks of `tenant_id` (disk first, then host, then HBM; least recently
+  // used first) until `bytes` more fit in its quota. False when they cannot be made to fit.
+  bool MakeQuotaRoomLocked(uint64_t tenant_id, uint64_t quota_bytes, uint64_t bytes);
   // Moves a host block to disk (making room there), or drops it when there is no disk or it fails.
   void DemoteOrDropLocked(EntryHandle h);
   // Makes room for `bytes` on disk by dropping unleased disk blocks. False when it cannot.
@@ -429,6 +451,7 @@ class BlockStore {
   std::priority_queue<Deadline, std::vector<Deadline>, std::greater<>> lease_deadlines_;        // mu_
   std::priority_queue<Deadline, std::vector<Deadline>, std::greater<>> reservation_deadlines_;  // mu_
   uint64_t next_id_ = 1;                                // guarded by mu_
+  absl::flat_hash_map<uint64_t, uint64_t> tenant_bytes_;  // guarded by mu_; tenant id -> TenantBytes()
   BlockEventSink* sink_ = nullptr;                      // guarded by mu_; not owned
   bool sink_muted_ = false;                             // guarded by mu_; Evict of everything
   std::atomic<bool> draining_{false};

@@ -18,7 +18,8 @@ class BlockStore;
 class Server {
  public:
   // Validates `options`, reserves the host tier, binds the ports and starts serving.
-  // Errors: InvalidArgument (bad options), Unavailable (a port could not be bound), ResourceExhausted.
+  // Errors: InvalidArgument (bad options, a TLS file or token file without PEM / a bad entry), NotFound (a TLS
+  // or token file cannot be read), Unavailable (a port could not be bound), ResourceExhausted.
   static absl::StatusOr<std::unique_ptr<Server>> Start(const ServerOptions& options);
   ~Server();  // Shutdown(), then frees memory.
 
@@ -30,6 +31,7 @@ class Server {
   int grpc_port() const;     // the bound gRPC port
   int metrics_port() const;  // the bound /metrics port, 0 when disabled
   int ucx_port() const;      // the bound UCX listener port, 0 without ucx_listen_address
+  int health_port() const;   // the bound plain grpc.health.v1 port, 0 without health_address
   const ServerOptions& options() const;
   // The store, for tests and in-process tools. Owned by the server.
   BlockStore& store_for_test();

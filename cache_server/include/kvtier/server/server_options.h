@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -20,6 +21,14 @@ struct NamespaceOptions {
   // puts are stored and the server counts what would have been a hit (kvtierctl stats / groups,
   // kvtier_shadow_lookup_blocks_total). Default: false.
   bool shadow = false;
+};
+
+// One bearer token the server accepts (config `auth.tokens`, or `auth.tokens_file`), docs/config.md.
+// Only the token's SHA-256 is kept: a `token:` given in plain text is hashed when the config is parsed.
+struct AuthTokenOptions {
+  std::string token_sha256;  // required: 64 lowercase hex digits of SHA-256(token)
+  std::string tenant;        // the tenant a worker token may touch; required for role "worker"
+  std::string role = "worker";  // "worker" (cache RPCs of its tenant) or "admin" (everything)
 };
 
 // Every field has a default; Validate() names the first bad one by its YAML key (docs/config.md).
@@ -70,6 +79,30 @@ struct ServerOptions {
 
   std::vector<NamespaceOptions> namespaces;         // per-namespace settings; the first match applies
 
+  // Plain (never TLS) gRPC port that serves only grpc.health.v1, for probes that cannot present a
+  // client certificate (the kubelet's). Empty (default): none; health is then served on listen_address
+  // only, with its credentials.
+  std::string health_address;
+  // TLS on listen_address (config `tls:`). Both files set: TLS; both empty (default): plaintext.
+  std::string tls_cert_file;                        // PEM certificate chain of this server
+  std::string tls_key_file;                         // PEM private key of tls_cert_file
+  std::string tls_client_ca_file;                   // PEM CA(s) that sign client certificates; empty = none
+  // Refuse clients without a certificate signed by tls_client_ca_file (mutual TLS). Default false:
+  // a certificate, when presented, is still verified against tls_client_ca_file.
+  bool tls_require_client_cert = false;
+  // Bearer tokens (config `auth:`). With any token (inline or from the file), every RPC but
+  // grpc.health.v1 needs one: UNAUTHENTICATED without a valid token, PERMISSION_DENIED for a worker
+  // token outside its tenant or on an admin RPC. Default: none (no authentication).
+  std::vector<AuthTokenOptions> auth_tokens;
+  std::string auth_tokens_file;                     // YAML list of the same entries, read at Start()
+  // Per-tenant byte quotas (config `quotas: {tenant: size}`): BlockStoreOptions::tenant_quota_bytes.
+  std::vector<std::pair<std::string, uint64_t>> tenant_quotas;
+
+  // Whether any token is configured (inline or a file): authentication is then on.
+  bool auth_enabled() const { return !auth_tokens.empty() || !auth_tokens_file.empty(); }
+  // Whether listen_address serves TLS.
+  bool tls_enabled() const { return !tls_cert_file.empty(); }
+
   // The settings of namespace (tenant, model): the first entry of `namespaces` with this tenant and
   // this model or an empty one; nullptr when none matches.
   const NamespaceOptions* FindNamespace(const std::string& tenant, const std::string& model) const;
@@ -88,6 +121,13 @@ absl::StatusOr<uint64_t> ParseByteSize(const std::string& key, const std::string
 
 // Reads and parses `path`. Errors: NotFound (missing file), InvalidArgument (as above).
 absl::StatusOr<ServerOptions> LoadServerConfig(const std::string& path);
+
+// Parses a token list (the `auth.tokens` entries: {token | token_sha256, tenant, role}) from YAML text;
+// `key` names the list in errors ("auth.tokens_file"). Plain tokens are hashed. Errors: InvalidArgument
+// naming the entry ("auth.tokens_file[2].role: ...").
+absl::StatusOr<std::vector<AuthTokenOptions>> ParseAuthTokens(const std::string& key, const std::string& yaml_text);
+// Lowercase hex of SHA-256(`token`). Thread-safe.
+std::string Sha256Hex(const std::string& token);
 
 }  // namespace kvtier::server
 

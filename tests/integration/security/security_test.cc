@@ -1,0 +1,578 @@
+// Security of a real kvtier-server process: mutual TLS on the gRPC port (and a plain health port),
+// tenant tokens, tenant isolation of blocks, admin-only RPCs and per-tenant quotas. The certificates
+// come from the openssl CLI in a temporary directory: a CA, a server certificate for 127.0.0.1 and
+// localhost, a client certificate of that CA, and a second, untrusted CA with a client certificate.
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <set>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+
+#include "absl/strings/str_cat.h"
+#include "grpc/health/v1/health.grpc.pb.h"
+#include "kvtier/client/client.h"
+#include "kvtier/common/checksum.h"
+#include "kvtier/common/fingerprint.h"
+#include "kvtier/server/server_options.h"
+#include "kvtier/v1/admin.grpc.pb.h"
+#include "kvtier/v1/cache.grpc.pb.h"
+#include "kvtier/wire/channel_security.h"
+#include "kvtier/wire/wire.h"
+#include "kvtierctl_runner.h"
+#include "testing/server_process.h"
+#include "testing/status_matchers.h"
+
+namespace kvtier {
+namespace {
+
+using testing::ServerProcess;
+
+constexpr char kTokenA[] = "token-of-tenant-a";
+constexpr char kTokenB[] = "token-of-tenant-b";
+constexpr char kTokenSmall[] = "token-of-tenant-small";
+constexpr char kTokenAdmin[] = "token-of-the-operator";
+constexpr uint64_t kSmallQuotaBlocks = 4;
+
+Namespace TenantNamespace(const std::string& tenant) {
+  return Namespace{.tenant = tenant,
+                   .model = "test/model",
+                   .layout = {.num_layers = 2, .num_kv_heads = 2, .head_dim = 64, .block_tokens = 16},
+                   .tenant_salt = absl::StrCat("salt-of-", tenant)};
+}
+
+std::vector<uint32_t> Prompt(size_t blocks, uint32_t seed) {
+  std::vector<uint32_t> tokens(blocks * 16);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint32_t>((i * 7919 + seed * 104729) % 50000);
+  return tokens;
+}
+
+bool RunQuietly(const std::string& cmd) { return std::system((cmd + " >/dev/null 2>&1").c_str()) == 0; }
+
+// Runs `cmd` through the shell; returns its exit code and stdout and stderr.
+testing::CtlResult Shell(const std::string& cmd) {
+  testing::CtlResult r;
+  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
+  if (p == nullptr) return r;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) r.output.append(buf, n);
+  const int status = pclose(p);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+class SecurityTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    char dir_template[] = "/tmp/kvtier-sec-XXXXXX";
+    ASSERT_NE(mkdtemp(dir_template), nullptr);
+    dir_ = new std::string(dir_template);
+    const std::string d = *dir_;
+    const std::string key = "-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes";
+    // Two CAs; the server's certificate names 127.0.0.1 and localhost; one client certificate per CA.
+    ASSERT_TRUE(RunQuietly(absl::StrCat("openssl req -x509 ", key, " -keyout ", d, "/ca.key -out ", d,
+                                 "/ca.pem -days 2 -subj /CN=kvtier-test-ca")));
+    ASSERT_TRUE(RunQuietly(absl::StrCat("openssl req -x509 ", key, " -keyout ", d, "/evil-ca.key -out ", d,
+                                 "/evil-ca.pem -days 2 -subj /CN=untrusted-ca")));
+    std::ofstream(d + "/server.ext") << "subjectAltName=DNS:localhost,IP:127.0.0.1\n";
+    std::ofstream(d + "/client.ext") << "extendedKeyUsage=clientAuth\n";
+    auto issue = [&](const std::string& name, const std::string& ca, const std::string& ext) {
+      return RunQuietly(absl::StrCat("openssl req ", key, " -keyout ", d, "/", name, ".key -out ", d, "/", name,
+                              ".csr -subj /CN=", name)) &&
+             RunQuietly(absl::StrCat("openssl x509 -req -in ", d, "/", name, ".csr -CA ", d, "/", ca, ".pem -CAkey ", d,
+                              "/", ca, ".key -CAcreateserial -days 2 -out ", d, "/", name, ".pem -extfile ", d, "/",
+                              ext));
+    };
+    ASSERT_TRUE(issue("server", "ca", "server.ext"));
+    ASSERT_TRUE(issue("client", "ca", "client.ext"));
+    ASSERT_TRUE(issue("evil-client", "evil-ca", "client.ext"));
+    // Tenant B's token is listed by its SHA-256 only, the admin's in a separate tokens file.
+    std::ofstream(d + "/tokens.yaml") << "- {token: " << kTokenAdmin << ", role: admin}\n";
+    std::ofstream(d + "/kvtier.yaml")
+        << "server:\n  health_address: 127.0.0.1:0\n"
+        << "tls:\n  cert_file: " << d << "/server.pem\n  key_file: " << d << "/server.key\n"
+        << "  client_ca_file: " << d << "/ca.pem\n  require_client_cert: true\n"
+        << "auth:\n  tokens_file: " << d << "/tokens.yaml\n  tokens:\n"
+        << "    - {token: " << kTokenA << ", tenant: tenant-a, role: worker}\n"
+        << "    - {token_sha256: " << server::Sha256Hex(kTokenB) << ", tenant: tenant-b}\n"
+        << "    - {token: " << kTokenSmall << ", tenant: small, role: worker}\n"
+        << "quotas:\n  small: " << kSmallQuotaBlocks * TenantNamespace("small").layout.ShardBytes() << "\n";
+    auto p = ServerProcess::Start("secure-node", {"--config=" + d + "/kvtier.yaml", "--ucx_listen_address=none"});
+    ASSERT_OK(p);
+    server_ = p->release();
+  }
+
+  static void TearDownTestSuite() {
+    delete server_;
+    server_ = nullptr;
+    if (dir_ != nullptr) {
+      std::error_code ignored;
+      std::filesystem::remove_all(*dir_, ignored);
+      delete dir_;
+      dir_ = nullptr;
+    }
+  }
+
+  static std::string File(const std::string& name) { return absl::StrCat(*dir_, "/", name); }
+
+  // A channel with the trusted CA, client certificate `cert` ("" = none) and bearer `token` ("" = none).
+  static std::shared_ptr<grpc::Channel> Channel(const std::string& cert, const std::string& token) {
+    wire::ChannelSecurity sec{.ca_file = File("ca.pem"),
+                              .cert_file = cert.empty() ? "" : File(cert + ".pem"),
+                              .key_file = cert.empty() ? "" : File(cert + ".key"),
+                              .auth_token = token};
+    auto creds = wire::MakeChannelCredentials(sec);
+    EXPECT_OK(creds);
+    return wire::CreateSecureChannel(server_->address(), *creds, grpc::ChannelArguments(), sec);
+  }
+
+  static client::ClientOptions ClientOptionsFor(const std::string& token) {
+    return client::ClientOptions{.members = {server_->address()},
+                                 .rpc_timeout = absl::Seconds(5),
+                                 .transport = "grpc",
+                                 .tls_ca_file = File("ca.pem"),
+                                 .tls_cert_file = File("client.pem"),
+                                 .tls_key_file = File("client.key"),
+                                 .auth_token = token};
+  }
+
+  static std::unique_ptr<client::Client> ClientFor(const std::string& token) {
+    auto c = client::Client::Connect(ClientOptionsFor(token));
+    EXPECT_OK(c);
+    return c.ok() ? std::move(c).value() : nullptr;
+  }
+
+  // Puts `fps` of `ns` (block i's bytes from testing::BlockBytes(size, seed + i)) and returns the results.
+  static std::vector<client::PutResult> PutBlocks(client::Client& c, const Namespace& ns,
+                                                  std::span<const Fingerprint> fps, uint64_t seed) {
+    const uint64_t size = ns.layout.ShardBytes();
+    std::vector<std::vector<std::byte>> data;
+    std::vector<std::span<const std::byte>> views;
+    for (size_t i = 0; i < fps.size(); ++i) data.push_back(testing::BlockBytes(size, seed + i));
+    for (const auto& d : data) views.emplace_back(d);
+    auto r = c.Put(ns, fps, 0, views);
+    EXPECT_OK(r);
+    return r.ok() ? *r : std::vector<client::PutResult>();
+  }
+
+  static v1::BlockKeys Keys(std::span<const Fingerprint> fps) {
+    std::vector<BlockKey> keys;
+    for (const Fingerprint& f : fps) keys.push_back({.fingerprint = f, .shard = 0});
+    v1::BlockKeys out;
+    wire::EncodeKeys(keys, &out);
+    return out;
+  }
+
+  static uint64_t TenantBlocks(const std::string& tenant) {
+    auto admin = v1::AdminService::NewStub(Channel("client", kTokenAdmin));
+    grpc::ClientContext ctx;
+    v1::ListBlocksRequest req;
+    req.mutable_filter()->set_tenant(tenant);
+    req.set_limit(10000);
+    v1::ListBlocksResponse resp;
+    EXPECT_TRUE(admin->ListBlocks(&ctx, req, &resp).ok());
+    return static_cast<uint64_t>(resp.blocks_size());
+  }
+
+  static std::string* dir_;
+  static ServerProcess* server_;
+};
+
+std::string* SecurityTest::dir_ = nullptr;
+ServerProcess* SecurityTest::server_ = nullptr;
+
+TEST_F(SecurityTest, IdenticalPromptsOfTwoTenantsNeverShareABlock) {
+  const Namespace a = TenantNamespace("tenant-a");
+  const Namespace b = TenantNamespace("tenant-b");
+  const std::vector<uint32_t> prompt = Prompt(6, 1);
+  auto fa = ChainFingerprints(a, prompt);
+  auto fb = ChainFingerprints(b, prompt);
+  ASSERT_OK(fa);
+  ASSERT_OK(fb);
+  const std::set<Fingerprint> set_a(fa->begin(), fa->end());
+  for (const Fingerprint& f : *fb) EXPECT_EQ(set_a.count(f), 0u) << "a fingerprint shared across tenants";
+
+  auto ca = ClientFor(kTokenA);
+  auto cb = ClientFor(kTokenB);
+  ASSERT_NE(ca, nullptr);
+  ASSERT_NE(cb, nullptr);
+  const uint64_t before_a = TenantBlocks("tenant-a");
+  const uint64_t before_b = TenantBlocks("tenant-b");
+  for (client::PutResult r : PutBlocks(*ca, a, *fa, 100)) EXPECT_EQ(r, client::PutResult::kStored);
+  // The same prompt from tenant B is stored again, as B's own blocks, not found as A's.
+  for (client::PutResult r : PutBlocks(*cb, b, *fb, 100)) EXPECT_EQ(r, client::PutResult::kStored);
+  EXPECT_EQ(TenantBlocks("tenant-a"), before_a + fa->size());
+  EXPECT_EQ(TenantBlocks("tenant-b"), before_b + fb->size());
+}
+
+TEST_F(SecurityTest, TenantBCannotReadOverwriteOrEvictTenantABlocksEvenKnowingTheirFingerprints) {
+  const Namespace a = TenantNamespace("tenant-a");
+  const Namespace b = TenantNamespace("tenant-b");
+  auto fa = ChainFingerprints(a, Prompt(4, 2));
+  ASSERT_OK(fa);
+  auto ca = ClientFor(kTokenA);
+  ASSERT_NE(ca, nullptr);
+  for (client::PutResult r : PutBlocks(*ca, a, *fa, 200)) EXPECT_EQ(r, client::PutResult::kStored);
+
+  auto cache_b = v1::CacheService::NewStub(Channel("client", kTokenB));
+  auto admin_b = v1::AdminService::NewStub(Channel("client", kTokenB));
+  auto cache_a = v1::CacheService::NewStub(Channel("client", kTokenA));
+  v1::Namespace pa, pb;
+  wire::ToProto(a, &pa);
+  wire::ToProto(b, &pb);
+  const v1::BlockKeys keys = Keys(*fa);
+
+  {  // A's namespace with B's token: refused outright.
+    grpc::ClientContext ctx;
+    v1::LookupRequest req;
+    *req.mutable_namespace_() = pa;
+    *req.mutable_keys() = keys;
+    v1::LookupResponse resp;
+    EXPECT_EQ(cache_b->Lookup(&ctx, req, &resp).error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  }
+  {
+    grpc::ClientContext ctx;
+    v1::ReadRequest req;
+    *req.mutable_namespace_() = pa;
+    *req.mutable_keys() = keys;
+    auto reader = cache_b->Read(&ctx, req);
+    v1::ReadResponse msg;
+    EXPECT_FALSE(reader->Read(&msg));
+    EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  }
+  {
+    grpc::ClientContext ctx;
+    v1::AllocateRequest req;
+    *req.mutable_namespace_() = pa;
+    *req.mutable_keys() = keys;
+    v1::AllocateResponse resp;
+    EXPECT_EQ(cache_b->Allocate(&ctx, req, &resp).error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  }
+  {  // B's own namespace with A's fingerprints: misses, and no write over A's blocks.
+    grpc::ClientContext ctx;
+    v1::LookupRequest req;
+    *req.mutable_namespace_() = pb;
+    *req.mutable_keys() = keys;
+    v1::LookupResponse resp;
+    ASSERT_TRUE(cache_b->Lookup(&ctx, req, &resp).ok());
+    ASSERT_EQ(resp.present_size(), static_cast<int>(fa->size()));
+    for (bool present : resp.present()) EXPECT_FALSE(present);
+  }
+  {
+    grpc::ClientContext ctx;
+    v1::ReadRequest req;
+    *req.mutable_namespace_() = pb;
+    *req.mutable_keys() = keys;
+    auto reader = cache_b->Read(&ctx, req);
+    v1::ReadResponse msg;
+    ASSERT_TRUE(reader->Read(&msg));
+    for (const auto& block : msg.blocks()) EXPECT_FALSE(block.present());
+    while (reader->Read(&msg)) ADD_FAILURE() << "bytes of another tenant's block were streamed";
+    EXPECT_TRUE(reader->Finish().ok());
+  }
+  {
+    grpc::ClientContext ctx;
+    v1::AllocateRequest req;
+    *req.mutable_namespace_() = pb;
+    *req.mutable_keys() = keys;
+    v1::AllocateResponse resp;
+    ASSERT_TRUE(cache_b->Allocate(&ctx, req, &resp).ok());
+    for (int r : resp.results()) EXPECT_NE(r, v1::ALLOCATE_RESULT_ALLOCATED);
+    EXPECT_EQ(resp.reservation_id(), 0u);
+  }
+  // Reservations and leases of A cannot be written, committed, aborted or released by B.
+  auto fresh = ChainFingerprints(a, Prompt(1, 3));
+  ASSERT_OK(fresh);
+  uint64_t reservation_id = 0;
+  {
+    grpc::ClientContext ctx;
+    v1::AllocateRequest req;
+    *req.mutable_namespace_() = pa;
+    *req.mutable_keys() = Keys(*fresh);
+    v1::AllocateResponse resp;
+    ASSERT_TRUE(cache_a->Allocate(&ctx, req, &resp).ok());
+    reservation_id = resp.reservation_id();
+    ASSERT_NE(reservation_id, 0u);
+  }
+  {
+    grpc::ClientContext ctx;
+    v1::WriteBlocksResponse resp;
+    auto writer = cache_b->WriteBlocks(&ctx, &resp);
+    v1::WriteBlocksRequest chunk;
+    chunk.set_reservation_id(reservation_id);
+    chunk.set_data(std::string(1024, 'x'));
+    writer->Write(chunk);
+    writer->WritesDone();
+    EXPECT_EQ(writer->Finish().error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  }
+  {
+    grpc::ClientContext ctx;
+    v1::CommitRequest req;
+    req.set_reservation_id(reservation_id);
+    req.add_checksums(0);
+    v1::CommitResponse resp;
+    EXPECT_EQ(cache_b->Commit(&ctx, req, &resp).error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  }
+  {
+    grpc::ClientContext ctx;
+    v1::AbortRequest req;
+    req.set_reservation_id(reservation_id);
+    v1::AbortResponse resp;
+    EXPECT_EQ(cache_b->Abort(&ctx, req, &resp).error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  }
+  {  // A's own reservation still works: A writes and commits it.
+    const std::vector<std::byte> bytes = testing::BlockBytes(a.layout.ShardBytes(), 300);
+    grpc::ClientContext ctx;
+    v1::WriteBlocksResponse resp;
+    auto writer = cache_a->WriteBlocks(&ctx, &resp);
+    v1::WriteBlocksRequest chunk;
+    chunk.set_reservation_id(reservation_id);
+    chunk.set_data(std::string(reinterpret_cast<const char*>(bytes.data()), bytes.size()));
+    ASSERT_TRUE(writer->Write(chunk));
+    writer->WritesDone();
+    ASSERT_TRUE(writer->Finish().ok());
+    grpc::ClientContext commit_ctx;
+    v1::CommitRequest commit;
+    commit.set_reservation_id(reservation_id);
+    commit.add_checksums(BlockChecksum(bytes.data(), bytes.size()));
+    v1::CommitResponse committed;
+    ASSERT_TRUE(cache_a->Commit(&commit_ctx, commit, &committed).ok());
+    ASSERT_EQ(committed.results_size(), 1);
+    EXPECT_EQ(committed.results(0), v1::COMMIT_RESULT_COMMITTED);
+  }
+  {
+    grpc::ClientContext ctx;
+    v1::LookupRequest req;
+    *req.mutable_namespace_() = pa;
+    *req.mutable_keys() = keys;
+    req.set_lease_ms(5000);
+    v1::LookupResponse resp;
+    ASSERT_TRUE(cache_a->Lookup(&ctx, req, &resp).ok());
+    ASSERT_NE(resp.lease_id(), 0u);
+    grpc::ClientContext release_ctx;
+    v1::ReleaseRequest release;
+    release.add_lease_ids(resp.lease_id());
+    v1::ReleaseResponse released;
+    EXPECT_EQ(cache_b->Release(&release_ctx, release, &released).error_code(), grpc::StatusCode::PERMISSION_DENIED);
+    grpc::ClientContext own_ctx;
+    EXPECT_TRUE(cache_a->Release(&own_ctx, release, &released).ok());
+    EXPECT_EQ(released.released(), 1u);
+  }
+  {  // Admin RPCs (inspect, evict) need an admin token.
+    grpc::ClientContext ctx;
+    v1::InspectBlockRequest req;
+    req.set_fingerprint(std::string(reinterpret_cast<const char*>((*fa)[0].bytes.data()), 32));
+    v1::InspectBlockResponse resp;
+    EXPECT_EQ(admin_b->InspectBlock(&ctx, req, &resp).error_code(), grpc::StatusCode::PERMISSION_DENIED);
+    grpc::ClientContext evict_ctx;
+    v1::EvictRequest evict;
+    evict.mutable_filter()->set_tenant("tenant-a");
+    v1::EvictResponse evicted;
+    EXPECT_EQ(admin_b->Evict(&evict_ctx, evict, &evicted).error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  }
+  // After all of it, A reads every block back intact.
+  const uint64_t size = a.layout.ShardBytes();
+  std::vector<std::vector<std::byte>> out(fa->size(), std::vector<std::byte>(size));
+  std::vector<std::span<std::byte>> views(out.begin(), out.end());
+  auto got = ca->Get(a, *fa, 0, views);
+  ASSERT_OK(got);
+  for (size_t i = 0; i < got->size(); ++i) {
+    EXPECT_EQ((*got)[i], client::GetResult::kHit) << "block " << i;
+    EXPECT_EQ(out[i], testing::BlockBytes(size, 200 + i)) << "block " << i;
+  }
+}
+
+TEST_F(SecurityTest, CallsWithoutAValidTokenAreUnauthenticated) {
+  const Namespace a = TenantNamespace("tenant-a");
+  auto fa = ChainFingerprints(a, Prompt(1, 4));
+  ASSERT_OK(fa);
+  v1::LookupRequest req;
+  wire::ToProto(a, req.mutable_namespace_());
+  *req.mutable_keys() = Keys(*fa);
+  for (const std::string token : {"", "not-a-token"}) {
+    auto cache = v1::CacheService::NewStub(Channel("client", token));
+    auto admin = v1::AdminService::NewStub(Channel("client", token));
+    grpc::ClientContext ctx;
+    v1::LookupResponse resp;
+    EXPECT_EQ(cache->Lookup(&ctx, req, &resp).error_code(), grpc::StatusCode::UNAUTHENTICATED) << token;
+    grpc::ClientContext info_ctx;
+    v1::GetInfoResponse info;
+    EXPECT_EQ(admin->GetInfo(&info_ctx, v1::GetInfoRequest(), &info).error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  }
+  // The client library without a token: every block is a miss from error, never a hit.
+  client::ClientOptions options = ClientOptionsFor("");
+  options.members = {absl::StrCat("secure-node=", server_->address())};
+  auto c = client::Client::Connect(options);
+  ASSERT_OK(c);
+  auto hit = (*c)->LookupPrefix(a, *fa);
+  ASSERT_OK(hit);
+  EXPECT_EQ(hit->prefix_blocks, 0u);
+}
+
+TEST_F(SecurityTest, ClientsWithoutATrustedCertificateAreRefused) {
+  auto info_status = [](const std::shared_ptr<grpc::Channel>& channel) {
+    auto admin = v1::AdminService::NewStub(channel);
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    v1::GetInfoResponse info;
+    return admin->GetInfo(&ctx, v1::GetInfoRequest(), &info).error_code();
+  };
+  EXPECT_EQ(info_status(Channel("client", kTokenA)), grpc::StatusCode::OK);
+  EXPECT_NE(info_status(Channel("", kTokenA)), grpc::StatusCode::OK) << "no client certificate";
+  EXPECT_NE(info_status(Channel("evil-client", kTokenA)), grpc::StatusCode::OK) << "untrusted CA";
+  EXPECT_NE(info_status(grpc::CreateChannel(server_->address(), grpc::InsecureChannelCredentials())),
+            grpc::StatusCode::OK)
+      << "plaintext";
+  {  // A server certificate signed by an unknown CA is refused by the client.
+    wire::ChannelSecurity sec{.ca_file = File("evil-ca.pem"),
+                              .cert_file = File("client.pem"),
+                              .key_file = File("client.key"),
+                              .auth_token = kTokenA};
+    auto creds = wire::MakeChannelCredentials(sec);
+    ASSERT_OK(creds);
+    EXPECT_NE(info_status(wire::CreateSecureChannel(server_->address(), *creds, grpc::ChannelArguments(), sec)),
+              grpc::StatusCode::OK);
+  }
+  // The plain health port answers probes without any certificate, and serves nothing else.
+  ASSERT_NE(server_->health_port(), 0);
+  auto plain = grpc::CreateChannel(absl::StrCat("127.0.0.1:", server_->health_port()), grpc::InsecureChannelCredentials());
+  auto health = grpc::health::v1::Health::NewStub(plain);
+  grpc::ClientContext ctx;
+  grpc::health::v1::HealthCheckResponse resp;
+  ASSERT_TRUE(health->Check(&ctx, grpc::health::v1::HealthCheckRequest(), &resp).ok());
+  EXPECT_EQ(resp.status(), grpc::health::v1::HealthCheckResponse::SERVING);
+  EXPECT_EQ(info_status(plain), grpc::StatusCode::UNIMPLEMENTED);
+}
+
+TEST_F(SecurityTest, AdminServiceRefusesAWorkerToken) {
+  auto worker = v1::AdminService::NewStub(Channel("client", kTokenA));
+  auto admin = v1::AdminService::NewStub(Channel("client", kTokenAdmin));
+  {
+    grpc::ClientContext ctx;
+    v1::GetStatsResponse resp;
+    EXPECT_EQ(worker->GetStats(&ctx, v1::GetStatsRequest(), &resp).error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  }
+  {
+    grpc::ClientContext ctx;
+    v1::ListBlocksResponse resp;
+    EXPECT_EQ(worker->ListBlocks(&ctx, v1::ListBlocksRequest(), &resp).error_code(),
+              grpc::StatusCode::PERMISSION_DENIED);
+  }
+  {
+    grpc::ClientContext ctx;
+    v1::SetDrainingRequest req;
+    req.set_draining(true);
+    v1::SetDrainingResponse resp;
+    EXPECT_EQ(worker->SetDraining(&ctx, req, &resp).error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  }
+  {  // GetInfo (node id, for the ring) is open to workers.
+    grpc::ClientContext ctx;
+    v1::GetInfoResponse resp;
+    ASSERT_TRUE(worker->GetInfo(&ctx, v1::GetInfoRequest(), &resp).ok());
+    EXPECT_EQ(resp.node_id(), "secure-node");
+  }
+  grpc::ClientContext ctx;
+  v1::GetStatsResponse resp;
+  EXPECT_TRUE(admin->GetStats(&ctx, v1::GetStatsRequest(), &resp).ok());
+}
+
+TEST_F(SecurityTest, QuotaDropsTheTenantsOwnOldestBlocksAndNeverAnotherTenants) {
+  const Namespace small = TenantNamespace("small");
+  const Namespace a = TenantNamespace("tenant-a");
+  auto cs = ClientFor(kTokenSmall);
+  auto ca = ClientFor(kTokenA);
+  ASSERT_NE(cs, nullptr);
+  ASSERT_NE(ca, nullptr);
+  auto fa = ChainFingerprints(a, Prompt(3, 5));
+  ASSERT_OK(fa);
+  for (client::PutResult r : PutBlocks(*ca, a, *fa, 500)) EXPECT_EQ(r, client::PutResult::kStored);
+
+  // Ten blocks, two per put: each put past the quota drops the tenant's least recently used blocks.
+  auto fs = ChainFingerprints(small, Prompt(10, 6));
+  ASSERT_OK(fs);
+  for (size_t i = 0; i < fs->size(); i += 2) {
+    for (client::PutResult r : PutBlocks(*cs, small, std::span(*fs).subspan(i, 2), 600 + i)) {
+      EXPECT_EQ(r, client::PutResult::kStored);
+    }
+    EXPECT_LE(TenantBlocks("small"), kSmallQuotaBlocks);
+  }
+  EXPECT_EQ(TenantBlocks("small"), kSmallQuotaBlocks);
+  auto newest = cs->LookupPrefix(small, std::span(*fs).subspan(6));
+  ASSERT_OK(newest);
+  EXPECT_EQ(newest->prefix_blocks, 4u);  // the last four are kept
+  auto oldest = cs->LookupPrefix(small, std::span(*fs).first(2));
+  ASSERT_OK(oldest);
+  EXPECT_EQ(oldest->prefix_blocks, 0u);
+  auto others = ca->LookupPrefix(a, *fa);  // another tenant's blocks are never dropped for it
+  ASSERT_OK(others);
+  EXPECT_EQ(others->prefix_blocks, fa->size());
+
+  // One put larger than the quota: the keys past it are refused (its own reservations are not evictable).
+  auto big = ChainFingerprints(small, Prompt(6, 7));
+  ASSERT_OK(big);
+  const auto results = PutBlocks(*cs, small, *big, 700);
+  size_t refused = 0;
+  for (client::PutResult r : results) refused += r == client::PutResult::kNoSpace ? 1 : 0;
+  EXPECT_EQ(refused, 2u);
+  EXPECT_LE(TenantBlocks("small"), kSmallQuotaBlocks);
+  // Counted in /metrics (plain HTTP).
+  const testing::CtlResult metrics =
+      Shell(absl::StrCat("curl -s http://127.0.0.1:", server_->metrics_port(), "/metrics"));
+  EXPECT_NE(metrics.output.find("kvtier_rejections_total{reason=\"quota\""), std::string::npos);
+  EXPECT_NE(metrics.output.find("kvtier_quota_evictions_total"), std::string::npos);
+}
+
+TEST_F(SecurityTest, KvtierctlWithAnAdminTokenWorksOverMutualTls) {
+  const std::string tls = absl::StrCat("--members=", server_->address(), " --tls-ca-file=", File("ca.pem"),
+                                       " --tls-cert-file=", File("client.pem"), " --tls-key-file=", File("client.key"));
+  const testing::CtlResult ok = testing::RunCtl(absl::StrCat(tls, " --token=", kTokenAdmin, " --json status"));
+  EXPECT_EQ(ok.exit_code, 0) << ok.output;
+  EXPECT_FALSE(testing::ParseJson(ok.output).is_discarded()) << ok.output;
+  EXPECT_NE(ok.output.find("secure-node"), std::string::npos) << ok.output;
+  // The token from $KVTIER_TOKEN.
+  const testing::CtlResult stats = Shell(absl::StrCat("env -u KVTIER_MEMBERS KVTIER_TOKEN=", kTokenAdmin, " ",
+                                                      testing::BinaryDir(), "/cli/kvtierctl ", tls, " --json stats"));
+  EXPECT_EQ(stats.exit_code, 0) << stats.output;
+  // A worker token cannot list blocks; no token cannot even ask for status.
+  EXPECT_NE(testing::RunCtl(absl::StrCat(tls, " --token=", kTokenA, " ls")).exit_code, 0);
+  EXPECT_NE(testing::RunCtl(absl::StrCat(tls, " status")).exit_code, 0);
+}
+
+TEST(SecurityConfigTest, ErrorsNameTheKey) {
+  auto bad = [](const std::string& yaml) {
+    auto o = server::ParseServerConfig(yaml);
+    if (o.ok()) {
+      o->node_id = "n";
+      return std::string(o->Validate().message());
+    }
+    return std::string(o.status().message());
+  };
+  EXPECT_NE(bad("tls: {cert_file: /x.pem}").find("tls.key_file"), std::string::npos);
+  EXPECT_NE(bad("tls: {cert_file: /x.pem, key_file: /x.key, require_client_cert: true}").find("tls.client_ca_file"),
+            std::string::npos);
+  EXPECT_NE(bad("auth: {tokens: [{token: t, tenant: a, role: root}]}").find("auth.tokens[0].role"), std::string::npos);
+  EXPECT_NE(bad("auth: {tokens: [{token: t}]}").find("auth.tokens[0].tenant"), std::string::npos);
+  EXPECT_NE(bad("auth: {tokens: [{token_sha256: abc, tenant: a}]}").find("auth.tokens[0].token_sha256"),
+            std::string::npos);
+  EXPECT_NE(bad("auth: {token: x}").find("auth.token"), std::string::npos);
+  EXPECT_NE(bad("quotas: {acme: lots}").find("quotas.acme"), std::string::npos);
+  auto ok = server::ParseServerConfig("auth: {tokens: [{token: t, tenant: a}]}\nquotas: {a: 1MiB}\n");
+  ASSERT_OK(ok);
+  ASSERT_EQ(ok->auth_tokens.size(), 1u);
+  EXPECT_EQ(ok->auth_tokens[0].token_sha256, server::Sha256Hex("t"));
+  EXPECT_EQ(ok->auth_tokens[0].role, "worker");
+  ASSERT_EQ(ok->tenant_quotas.size(), 1u);
+  EXPECT_EQ(ok->tenant_quotas[0].second, 1u << 20);
+}
+
+}  // namespace
+}  // namespace kvtier
