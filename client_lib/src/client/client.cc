@@ -1,34 +1,97 @@
 #include "kvtier/client/client.h"
 
 #include <algorithm>
+#include <condition_variable>
 #include <cstring>
+#include <deque>
 #include <future>
 #include <latch>
 #include <mutex>
 #include <optional>
+#include <thread>
 
 #include <grpcpp/grpcpp.h>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
+#include "client/replication.h"
 #include "client/ucx_client.h"
+#include "grpc/health/v1/health.grpc.pb.h"
+#include "kvtier/client/dns_resolver.h"
 #include "kvtier/common/block_key.h"
 #include "kvtier/common/checksum.h"
+#include "kvtier/common/similarity.h"
 #include "kvtier/v1/admin.grpc.pb.h"
 #include "kvtier/v1/cache.grpc.pb.h"
+#include "kvtier/wire/channel_security.h"
 #include "kvtier/wire/wire.h"
 
 namespace kvtier::client {
 
+namespace {
+
+constexpr uint32_t kMaxReplicationFactor = 16;
+
+// The replication fields of ClientOptions (docs/config.md "Replication").
+absl::Status ValidateReplication(const ClientOptions& o) {
+  if (o.replication_factor == 0 || o.replication_factor > kMaxReplicationFactor) {
+    return absl::InvalidArgumentError(absl::StrCat("replication_factor: ", o.replication_factor, " is not in 1..",
+                                                   kMaxReplicationFactor));
+  }
+  for (size_t i = 0; i < o.replication_overrides.size(); ++i) {
+    const ClientOptions::ReplicationOverride& r = o.replication_overrides[i];
+    if (r.tenant.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("replication_overrides[", i, "].tenant: must not be empty"));
+    }
+    if (r.replication_factor == 0 || r.replication_factor > kMaxReplicationFactor) {
+      return absl::InvalidArgumentError(absl::StrCat("replication_overrides[", i, "].replication_factor: ",
+                                                     r.replication_factor, " is not in 1..", kMaxReplicationFactor));
+    }
+  }
+  if (o.hot_read_replicas > kMaxReplicationFactor) {
+    return absl::InvalidArgumentError(absl::StrCat("hot_read_replicas: ", o.hot_read_replicas, " is above ",
+                                                   kMaxReplicationFactor));
+  }
+  if (o.replica_queue_bytes == 0) return absl::InvalidArgumentError("replica_queue_bytes: must be > 0");
+  if (o.hint_retry_interval <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("hint_retry_interval: must be > 0");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::Status ClientOptions::Validate() const {
-  if (members.empty()) return absl::InvalidArgumentError("members: at least one member is required");
+  if (members.empty() && members_dns.empty()) {
+    return absl::InvalidArgumentError("members: at least one member (or members_dns) is required");
+  }
   for (const std::string& m : members) {
     const std::string addr = m.substr(m.find('=') == std::string::npos ? 0 : m.find('=') + 1);
     if (addr.find(':') == std::string::npos) {
       return absl::InvalidArgumentError(absl::StrCat("members: \"", m, "\" is not host:port or node_id=host:port"));
     }
   }
+  if (!members_dns.empty()) {
+    if (absl::Status s = ValidateDnsName(members_dns); !s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("members_dns: ", s.message()));
+    }
+  }
+  if (absl::Status s = ValidateDnsServer(dns_server); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("dns_server: ", s.message()));
+  }
+  if (dns_refresh_interval <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("dns_refresh_interval: must be > 0");
+  }
+  if (dns_timeout <= absl::ZeroDuration()) return absl::InvalidArgumentError("dns_timeout: must be > 0");
+  if (health_check_interval <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("health_check_interval: must be > 0");
+  }
+  if (health_check_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("health_check_timeout: must be > 0");
+  }
+  if (unhealthy_threshold == 0) return absl::InvalidArgumentError("unhealthy_threshold: must be > 0");
+  if (healthy_threshold == 0) return absl::InvalidArgumentError("healthy_threshold: must be > 0");
   if (virtual_nodes == 0) return absl::InvalidArgumentError("virtual_nodes: must be > 0");
   if (rpc_timeout <= absl::ZeroDuration()) return absl::InvalidArgumentError("rpc_timeout: must be > 0");
   if (connect_timeout <= absl::ZeroDuration()) return absl::InvalidArgumentError("connect_timeout: must be > 0");
@@ -45,7 +108,7 @@ absl::Status ClientOptions::Validate() const {
   if (ucx_reconnect_backoff < absl::ZeroDuration()) {
     return absl::InvalidArgumentError("ucx_reconnect_backoff: must be >= 0");
   }
-  return absl::OkStatus();
+  return ValidateReplication(*this);
 }
 
 const char* GetResultName(GetResult r) {
@@ -77,35 +140,147 @@ struct UcxPeer {
   std::mutex mu;
   State state = State::kUnknown;                  // guarded by mu
   UcxClient::EndpointId endpoint = 0;             // guarded by mu; valid while kReady
+  UcxClient* client = nullptr;                    // guarded by mu; the client of `endpoint` while kReady
   absl::Time retry_after = absl::InfinitePast();  // guarded by mu; no (re)connect before it
 };
 
 // A member without UCX is asked again this often (it may restart with UCX).
 constexpr absl::Duration kUcxUnsupportedRecheck = absl::Seconds(10);
+// Longest wait between a member's gRPC reconnect attempts (gRPC's default is 120 s), so that a member
+// that comes back passes its health checks within about a second of it.
+constexpr int kMaxReconnectBackoffMs = 1000;
 
+// One member. Shared by the registry and the rings that include it: a member that leaves (its DNS record
+// went) lives on until the last call using a ring with it returns.
 struct Member {
-  MemberInfo info;
+  // Immutable after creation.
+  std::string address;        // host:port
+  std::string configured_id;  // from "node_id=host:port"; "" when the member is asked
+  bool from_dns = false;
   std::shared_ptr<grpc::Channel> channel;
   std::unique_ptr<v1::CacheService::Stub> cache;
   std::unique_ptr<v1::AdminService::Stub> admin;
+  std::unique_ptr<grpc::health::v1::Health::Stub> health_stub;
   std::unique_ptr<UcxPeer> ucx = std::make_unique<UcxPeer>();
+
+  mutable std::mutex mu;
+  std::string node_id;                            // guarded by mu; "" until known
+  MemberHealth health = MemberHealth::kUnknown;   // guarded by mu
+  uint32_t failures = 0;                          // guarded by mu; failed checks in a row
+  uint32_t passes = 0;                            // guarded by mu; passed checks in a row
+  std::string last_error;                         // guarded by mu
+
+  Member(std::string addr, std::string id, bool dns, const grpc::ChannelArguments& args,
+         const std::shared_ptr<grpc::ChannelCredentials>& credentials, const wire::ChannelSecurity& security)
+      : address(std::move(addr)), configured_id(id), from_dns(dns), node_id(std::move(id)) {
+    channel = wire::CreateSecureChannel(address, credentials, args, security);
+    cache = v1::CacheService::NewStub(channel);
+    admin = v1::AdminService::NewStub(channel);
+    health_stub = grpc::health::v1::Health::NewStub(channel);
+  }
+  ~Member() {
+    std::lock_guard<std::mutex> lock(ucx->mu);
+    if (ucx->state == UcxPeer::State::kReady && ucx->client != nullptr) ucx->client->Close(ucx->endpoint);
+  }
+  std::string NodeId() const {
+    std::lock_guard<std::mutex> lock(mu);
+    return node_id;
+  }
 };
 
-// Indices of `n` blocks grouped by the owner of each, in block order within a group.
+// An immutable ring and the member behind each of its indices. Calls hold the view they started with.
+struct RingView {
+  HashRing ring;
+  std::vector<std::shared_ptr<Member>> owners;  // ring index -> member
+};
+
+// Indices of `n` blocks grouped by the owner of each (a ring index), in block order within a group.
 using OwnerGroups = std::vector<std::pair<uint32_t, std::vector<uint32_t>>>;
+
+// Runs one unary callback-API RPC per item at once and waits for all; start(i, ctx, done) starts item
+// i's RPC with `ctx` (deadline set) and must call done(status) exactly once.
+template <typename StartFn>
+std::vector<grpc::Status> RunAll(size_t n, absl::Duration timeout, bool wait_for_ready, StartFn start) {
+  std::vector<grpc::Status> statuses(n);
+  std::vector<std::unique_ptr<grpc::ClientContext>> ctxs(n);
+  std::latch done(static_cast<std::ptrdiff_t>(n));
+  for (size_t i = 0; i < n; ++i) {
+    ctxs[i] = std::make_unique<grpc::ClientContext>();
+    ctxs[i]->set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+    ctxs[i]->set_wait_for_ready(wait_for_ready);
+    start(i, ctxs[i].get(), [&statuses, &done, i](grpc::Status s) {
+      statuses[i] = std::move(s);
+      done.count_down();
+    });
+  }
+  done.wait();
+  return statuses;
+}
 
 }  // namespace
 
 class Client::Impl {
  public:
   ClientOptions options;
-  std::vector<Member> members;             // all configured members
-  std::vector<uint32_t> ring_to_member;    // ring index -> members index
-  std::unique_ptr<HashRing> ring;
+  grpc::ChannelArguments channel_args;
+  wire::ChannelSecurity security;                          // TLS and token of every member's channel
+  std::shared_ptr<grpc::ChannelCredentials> credentials;  // made from `security` at Connect
   ClientStats stats;
   std::mutex ucx_mu;
   std::unique_ptr<UcxClient> ucx;  // guarded by ucx_mu until created; created once, on first need
   bool ucx_failed = false;         // guarded by ucx_mu: UCX could not start here
+
+  // Every member: static ones first, then DNS ones. Written only by Connect and the refresher thread.
+  mutable std::mutex members_mu;
+  std::vector<std::shared_ptr<Member>> members;  // guarded by members_mu
+
+  mutable std::mutex view_mu;
+  std::shared_ptr<const RingView> view;  // guarded by view_mu; never null after Connect
+  uint64_t ring_version = 0;             // guarded by view_mu
+
+  std::mutex stop_mu;
+  std::condition_variable stop_cv;
+  bool stopping = false;  // guarded by stop_mu
+  std::thread refresher;
+
+  // Replication (docs/architecture.md "Replication"); created by Connect, uses the members and ring.
+  std::unique_ptr<Replicator> replicator;
+  std::atomic<uint64_t> read_calls{0};  // spreads hot-block reads over their owners (round robin)
+  // Hot blocks: shallow blocks this client has read (Get hits) and given read replicas (PromoteHot).
+  static constexpr size_t kMaxHotBlocks = 65536;
+  std::mutex hot_mu;
+  absl::flat_hash_set<Fingerprint> hot_blocks;  // guarded by hot_mu
+  std::deque<Fingerprint> hot_order;            // guarded by hot_mu; oldest first
+
+  ~Impl() {
+    replicator.reset();  // its thread puts through the members and the ring: stop it first
+    {
+      std::lock_guard<std::mutex> lock(stop_mu);
+      stopping = true;
+    }
+    stop_cv.notify_all();
+    if (refresher.joinable()) refresher.join();
+    // Members close their UCX endpoints as they go, so they go before the UCX client.
+    {
+      std::lock_guard<std::mutex> lock(view_mu);
+      view.reset();
+    }
+    {
+      std::lock_guard<std::mutex> lock(members_mu);
+      members.clear();
+    }
+    ucx.reset();
+  }
+
+  std::shared_ptr<const RingView> View() const {
+    std::lock_guard<std::mutex> lock(view_mu);
+    return view;
+  }
+
+  std::vector<std::shared_ptr<Member>> Members() const {
+    std::lock_guard<std::mutex> lock(members_mu);
+    return members;
+  }
 
   UcxClient* Ucx() {
     std::lock_guard<std::mutex> lock(ucx_mu);
@@ -120,11 +295,10 @@ class Client::Impl {
     return ucx.get();
   }
 
-  // The UCX endpoint to move member m's bytes over, connecting (GetInfo, then a UCX hello) when there
+  // The UCX endpoint to move member's bytes over, connecting (GetInfo, then a UCX hello) when there
   // is none and the backoff has passed; nullopt: use gRPC bytes (or fail, with transport "ucx").
-  std::optional<UcxClient::EndpointId> UcxEndpoint(uint32_t m) {
+  std::optional<UcxClient::EndpointId> UcxEndpoint(Member& member) {
     if (options.transport == "grpc") return std::nullopt;
-    Member& member = members[m];
     UcxPeer& peer = *member.ucx;
     std::lock_guard<std::mutex> lock(peer.mu);
     if (peer.state == UcxPeer::State::kReady) return peer.endpoint;
@@ -148,10 +322,11 @@ class Client::Impl {
       return std::nullopt;
     }
     // The member's UCX listener, on the host we reach its gRPC at.
-    const std::string& a = member.info.address;
+    const std::string& a = member.address;
     const std::string target = absl::StrCat(a.substr(0, a.rfind(':')), ":", info.ucx_port());
+    const std::string node_id = member.NodeId();
     auto conn = ucx_client->Connect(target, absl::Now() + options.rpc_timeout);
-    if (!conn.ok() || (!member.info.node_id.empty() && conn->node_id != member.info.node_id)) {
+    if (!conn.ok() || (!node_id.empty() && conn->node_id != node_id)) {
       if (conn.ok()) ucx_client->Close(conn->endpoint);  // another server answers at that port
       peer.state = UcxPeer::State::kDown;
       peer.retry_after = now + options.ucx_reconnect_backoff;
@@ -159,14 +334,15 @@ class Client::Impl {
     }
     peer.state = UcxPeer::State::kReady;
     peer.endpoint = conn->endpoint;
+    peer.client = ucx_client;
     stats.ucx_connects.fetch_add(1, std::memory_order_relaxed);
     return peer.endpoint;
   }
 
-  // Drops member m's endpoint after an error or a missed deadline; the next call after the backoff
+  // Drops member's endpoint after an error or a missed deadline; the next call after the backoff
   // reconnects.
-  void UcxEndpointFailed(uint32_t m, UcxClient::EndpointId endpoint) {
-    UcxPeer& peer = *members[m].ucx;
+  void UcxEndpointFailed(Member& member, UcxClient::EndpointId endpoint) {
+    UcxPeer& peer = *member.ucx;
     std::lock_guard<std::mutex> lock(peer.mu);
     if (peer.state != UcxPeer::State::kReady || peer.endpoint != endpoint) return;
     peer.state = UcxPeer::State::kDown;
@@ -176,22 +352,22 @@ class Client::Impl {
   }
 
   // Best effort: returns a lease now rather than at its expiry.
-  void ReleaseLease(uint32_t m, uint64_t lease_id) {
+  void ReleaseLease(Member& member, uint64_t lease_id) {
     if (lease_id == 0) return;
     grpc::ClientContext ctx;
     SetDeadline(ctx);
     v1::ReleaseRequest req;
     req.add_lease_ids(lease_id);
     v1::ReleaseResponse resp;
-    (void)members[m].cache->Release(&ctx, req, &resp);
+    (void)member.cache->Release(&ctx, req, &resp);
   }
 
   // Get of one owner's batch over UCX: a status-only Read takes the lease over gRPC, then the server
   // sends the present blocks straight into `buffers` and releases the lease.
-  void GetOverUcx(uint32_t m, UcxClient::EndpointId endpoint, const v1::Namespace& pns,
+  void GetOverUcx(Member& member, UcxClient::EndpointId endpoint, const v1::Namespace& pns,
                   std::span<const BlockKey> keys, std::span<const uint32_t> idx, uint64_t block_bytes,
-                  std::span<const std::span<std::byte>> buffers, std::span<GetResult> results) {
-    const absl::Time deadline = absl::Now() + options.rpc_timeout;
+                  std::span<const std::span<std::byte>> buffers, std::span<GetResult> results,
+                  absl::Time deadline) {
     v1::ReadRequest req;
     *req.mutable_namespace_() = pns;
     wire::EncodeKeys(keys, req.mutable_keys());
@@ -201,17 +377,17 @@ class Client::Impl {
     {
       grpc::ClientContext ctx;
       ctx.set_deadline(absl::ToChronoTime(deadline));
-      auto reader = members[m].cache->Read(&ctx, req);
+      auto reader = member.cache->Read(&ctx, req);
       got = reader->Read(&head) && static_cast<size_t>(head.blocks_size()) == idx.size();
       if (!got) ctx.TryCancel();
       got = reader->Finish().ok() && got;
     }
     if (!got) {
       stats.rpc_errors.fetch_add(1, std::memory_order_relaxed);
-      ReleaseLease(m, head.lease_id());
+      ReleaseLease(member, head.lease_id());
       // The control plane is how a dead server shows (UCX endpoints run without peer failure handling):
       // reconnect after the backoff, so that a restarted server gets a fresh endpoint.
-      UcxEndpointFailed(m, endpoint);
+      UcxEndpointFailed(member, endpoint);
       return;  // all kMissFromError
     }
     std::vector<uint32_t> indices;  // lease indices to fetch
@@ -232,7 +408,7 @@ class Client::Impl {
     }
     if (!protocol_ok) stats.rpc_errors.fetch_add(1, std::memory_order_relaxed);
     if (indices.empty()) {
-      ReleaseLease(m, head.lease_id());
+      ReleaseLease(member, head.lease_id());
       return;
     }
     // Each block's checksum is verified as soon as it lands, while the next ones are still moving.
@@ -259,24 +435,200 @@ class Client::Impl {
     stats.ucx_get_blocks.fetch_add(arrived, std::memory_order_relaxed);
     if (r.endpoint_failed) {
       stats.rpc_errors.fetch_add(1, std::memory_order_relaxed);
-      UcxEndpointFailed(m, endpoint);
-      ReleaseLease(m, head.lease_id());  // the server may never have seen the request
+      UcxEndpointFailed(member, endpoint);
+      ReleaseLease(member, head.lease_id());  // the server may never have seen the request
     }
+  }
+
+
+  // Reads `keys` (block idx[k] of the call) from `member` into buffers[idx[k]] and sets results[idx[k]]
+  // (left kMissFromError when the owner fails or misses `deadline`).
+  void ReadBatch(Member& member, const v1::Namespace& pns, std::span<const BlockKey> keys,
+                 std::span<const uint32_t> idx, uint64_t block_bytes, std::span<const std::span<std::byte>> buffers,
+                 std::span<GetResult> results, absl::Time deadline) {
+    v1::ReadRequest req;
+    *req.mutable_namespace_() = pns;
+    if (options.transport != "grpc") {
+      if (auto endpoint = UcxEndpoint(member); endpoint.has_value()) {
+        GetOverUcx(member, *endpoint, pns, keys, idx, block_bytes, buffers, results, deadline);
+        return;
+      }
+      if (options.transport == "ucx") {  // no fallback: these blocks are misses from error
+        stats.rpc_errors.fetch_add(1, std::memory_order_relaxed);
+        return;
+      }
+    }
+    wire::EncodeKeys(keys, req.mutable_keys());
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(deadline));
+    auto reader = member.cache->Read(&ctx, req);
+    v1::ReadResponse msg;
+    std::vector<uint64_t> received(idx.size(), 0);
+    std::vector<v1::BlockStatus> status;
+    bool protocol_ok = true;
+    if (reader->Read(&msg) && static_cast<size_t>(msg.blocks_size()) == idx.size()) {
+      status.assign(msg.blocks().begin(), msg.blocks().end());
+      while (reader->Read(&msg)) {
+        const uint32_t k = msg.index();
+        if (k >= idx.size() || !status[k].present() || msg.offset() != received[k] ||
+            msg.data().size() > block_bytes - received[k]) {
+          protocol_ok = false;  // keep draining; these blocks stay errors
+          continue;
+        }
+        std::memcpy(buffers[idx[k]].data() + received[k], msg.data().data(), msg.data().size());
+        received[k] += msg.data().size();
+      }
+    } else {
+      protocol_ok = false;
+      ctx.TryCancel();  // don't wait for the rest of a stream we cannot use
+    }
+    const grpc::Status st = reader->Finish();
+    if (!st.ok() || !protocol_ok) stats.rpc_errors.fetch_add(1, std::memory_order_relaxed);
+    for (size_t k = 0; k < idx.size(); ++k) {
+      const uint32_t i = idx[k];
+      if (k < status.size() && !status[k].present()) {
+        results[i] = GetResult::kMiss;
+      } else if (k < status.size() && received[k] == block_bytes && status[k].size_bytes() == block_bytes) {
+        if (BlockChecksum(buffers[i].data(), block_bytes) == status[k].checksum()) {
+          results[i] = GetResult::kHit;
+        } else {
+          results[i] = GetResult::kChecksumMismatch;
+        }
+      } else {
+        results[i] = GetResult::kMissFromError;
+      }
+    }
+  }
+
+  // Two-phase put of one batch to `member`: keys[k] from blocks[k] (each block_bytes long, borrowed for
+  // the call) at prefix depth depths[k]. Sets results[k]; they stay kError when the owner fails.
+  void PutBatch(Member& member, const v1::Namespace& pns, std::span<const BlockKey> keys,
+                std::span<const uint32_t> depths, std::span<const std::span<const std::byte>> blocks,
+                uint64_t block_bytes, std::span<PutResult> results) {
+    v1::CacheService::Stub& stub = *member.cache;
+    std::optional<UcxClient::EndpointId> ucx_endpoint;
+    if (options.transport != "grpc") {
+      ucx_endpoint = UcxEndpoint(member);
+      if (!ucx_endpoint.has_value() && options.transport == "ucx") {
+        stats.rpc_errors.fetch_add(1, std::memory_order_relaxed);
+        return;  // no fallback: all kError
+      }
+    }
+    // Phase 1: reserve.
+    v1::AllocateRequest areq;
+    *areq.mutable_namespace_() = pns;
+    wire::EncodeKeys(keys, areq.mutable_keys());
+    areq.mutable_depths()->Add(depths.begin(), depths.end());
+    v1::AllocateResponse aresp;
+    {
+      grpc::ClientContext ctx;
+      SetDeadline(ctx);
+      if (!stub.Allocate(&ctx, areq, &aresp).ok() || static_cast<size_t>(aresp.results_size()) != keys.size()) {
+        stats.rpc_errors.fetch_add(1, std::memory_order_relaxed);
+        if (ucx_endpoint.has_value()) UcxEndpointFailed(member, *ucx_endpoint);  // see GetOverUcx
+        return;  // all kError
+      }
+    }
+    std::vector<uint32_t> allocated;  // positions k within keys
+    for (size_t k = 0; k < keys.size(); ++k) {
+      switch (aresp.results(static_cast<int>(k))) {
+        case v1::ALLOCATE_RESULT_ALLOCATED: allocated.push_back(static_cast<uint32_t>(k)); break;
+        case v1::ALLOCATE_RESULT_ALREADY_PRESENT: results[k] = PutResult::kAlreadyPresent; break;
+        case v1::ALLOCATE_RESULT_IN_PROGRESS: results[k] = PutResult::kInProgress; break;
+        case v1::ALLOCATE_RESULT_NO_SPACE: results[k] = PutResult::kNoSpace; break;
+        default: results[k] = PutResult::kError; break;
+      }
+    }
+    if (allocated.empty()) return;
+    // Phase 1b: the bytes into the reserved slots: over UCX straight into them, or streamed over gRPC.
+    auto ComputeChecksums = [&] {
+      std::vector<uint64_t> sums(keys.size(), 0);
+      for (uint32_t k : allocated) sums[k] = BlockChecksum(blocks[k].data(), block_bytes);
+      return sums;
+    };
+    std::vector<uint64_t> checksums;
+    bool ok = true;
+    if (ucx_endpoint.has_value()) {
+      std::vector<uint32_t> indices(allocated.begin(), allocated.end());
+      std::vector<std::span<const std::byte>> data;
+      for (uint32_t k : allocated) data.push_back(blocks[k]);
+      // The commit's checksums are computed while the bytes move.
+      const UcxClient::TransferResult r =
+          ucx->Put(*ucx_endpoint, aresp.reservation_id(), indices, data, absl::Now() + options.rpc_timeout,
+                   [&] { checksums = ComputeChecksums(); });
+      uint64_t taken = 0;
+      for (auto item : r.items) taken += item == UcxClient::ItemStatus::kOk;
+      stats.ucx_put_blocks.fetch_add(taken, std::memory_order_relaxed);
+      if (r.endpoint_failed) {
+        UcxEndpointFailed(member, *ucx_endpoint);
+        ok = false;  // abort below; blocks the server did not take come back INCOMPLETE otherwise
+      }
+    } else {
+      grpc::ClientContext ctx;
+      SetDeadline(ctx);
+      v1::WriteBlocksResponse wresp;
+      auto writer = stub.WriteBlocks(&ctx, &wresp);
+      v1::WriteBlocksRequest chunk;
+      chunk.set_reservation_id(aresp.reservation_id());
+      for (uint32_t k : allocated) {
+        const std::span<const std::byte> b = blocks[k];
+        for (uint64_t off = 0; ok && off < b.size(); off += options.stream_chunk_bytes) {
+          const uint64_t n = std::min<uint64_t>(options.stream_chunk_bytes, b.size() - off);
+          chunk.set_index(k);
+          chunk.set_offset(off);
+          chunk.set_data(reinterpret_cast<const char*>(b.data() + off), n);
+          ok = writer->Write(chunk);
+        }
+        if (!ok) break;
+      }
+      writer->WritesDone();
+      ok = writer->Finish().ok() && ok;
+    }
+    // Phase 2: commit with checksums (entries for keys not allocated are ignored by the server).
+    v1::CommitRequest creq;
+    creq.set_reservation_id(aresp.reservation_id());
+    if (checksums.empty()) checksums = ComputeChecksums();
+    creq.mutable_checksums()->Add(checksums.begin(), checksums.end());
+    v1::CommitResponse cresp;
+    if (ok) {
+      grpc::ClientContext ctx;
+      SetDeadline(ctx);
+      ok = stub.Commit(&ctx, creq, &cresp).ok() && static_cast<size_t>(cresp.results_size()) == keys.size();
+    }
+    if (!ok) {
+      stats.rpc_errors.fetch_add(1, std::memory_order_relaxed);
+      // Best effort: return the slots now rather than at reservation expiry.
+      grpc::ClientContext ctx;
+      SetDeadline(ctx);
+      v1::AbortRequest abreq;
+      abreq.set_reservation_id(aresp.reservation_id());
+      v1::AbortResponse abresp;
+      (void)stub.Abort(&ctx, abreq, &abresp);
+      return;  // the allocated blocks stay kError
+    }
+    uint64_t mismatched = 0;
+    for (uint32_t k : allocated) {
+      const auto r = cresp.results(static_cast<int>(k));
+      results[k] = r == v1::COMMIT_RESULT_COMMITTED ? PutResult::kStored : PutResult::kError;
+      mismatched += r == v1::COMMIT_RESULT_CHECKSUM_MISMATCH;
+    }
+    // The server saw other bytes than we sent: count it like a corrupt read.
+    stats.checksum_failures.fetch_add(mismatched, std::memory_order_relaxed);
   }
 
   void SetDeadline(grpc::ClientContext& ctx) const {
     ctx.set_deadline(absl::ToChronoTime(absl::Now() + options.rpc_timeout));
   }
 
-  // Groups by primary owner, then splits each group into batches of at most `batch` blocks (default:
-  // max_blocks_per_request); batches of one owner are adjacent.
-  OwnerGroups GroupByOwner(std::span<const Fingerprint> fps, std::span<const uint32_t> indices,
-                           size_t batch = 0) const {
+  // Groups by primary owner on `view`, then splits each group into batches of at most `batch` blocks
+  // (default: max_blocks_per_request); batches of one owner are adjacent.
+  OwnerGroups GroupByOwner(const RingView& view, std::span<const Fingerprint> fps,
+                           std::span<const uint32_t> indices, size_t batch = 0) const {
     if (batch == 0) batch = options.max_blocks_per_request;
     absl::flat_hash_map<uint32_t, size_t> slot;
     OwnerGroups groups;
     for (uint32_t i : indices) {
-      const uint32_t m = ring_to_member[ring->Primary(fps[i])];
+      const uint32_t m = view.ring.Primary(fps[i]);
       auto [it, inserted] = slot.try_emplace(m, groups.size());
       if (inserted) groups.push_back({m, {}});
       groups[it->second].second.push_back(i);
@@ -300,6 +652,386 @@ class Client::Impl {
     if (n > 0) fn(0);
     for (auto& f : rest) f.get();
   }
+
+  // ---- Replication (docs/architecture.md "Replication"): owners per block, read fail-over, replica puts.
+
+  // R for `ns`: the first matching replication_overrides entry, else replication_factor.
+  uint32_t ReplicationFactor(const Namespace& ns) const {
+    for (const ClientOptions::ReplicationOverride& o : options.replication_overrides) {
+      if (o.tenant == ns.tenant && (o.model.empty() || o.model == ns.model)) return o.replication_factor;
+    }
+    return options.replication_factor;
+  }
+
+  // Whether a block at `depth` may become hot (a read replica candidate).
+  bool ShallowEnough(uint64_t depth) const { return options.hot_read_replicas > 0 && depth < options.hot_depth; }
+
+  // Marks `fp` hot; false when it already was. The set keeps the kMaxHotBlocks most recently marked.
+  bool MarkHot(const Fingerprint& fp) {
+    std::lock_guard<std::mutex> lock(hot_mu);
+    if (!hot_blocks.insert(fp).second) return false;
+    hot_order.push_back(fp);
+    if (hot_order.size() > kMaxHotBlocks) {
+      hot_blocks.erase(hot_order.front());
+      hot_order.pop_front();
+    }
+    return true;
+  }
+
+  // Which owners a read asks for each block, in order.
+  struct ReadPlan {
+    std::vector<std::vector<uint32_t>> owners;  // per block: ring indices; owners[i][0] is asked first
+    // Per block: a miss at the first attempt goes on to the next owner (the primary) too: a hot block
+    // read from one of its read replicas, which may not have it yet.
+    std::vector<bool> retry_miss;
+
+    // Most owners left to ask, this attempt's included, among blocks `idx` at `attempt`.
+    size_t OwnersLeft(std::span<const uint32_t> idx, size_t attempt) const {
+      size_t left = 1;
+      for (uint32_t i : idx) left = std::max(left, owners[i].size() - attempt);
+      return left;
+    }
+  };
+
+  // The primary first, then the other replicas clockwise. A hot block (marked by MarkHot) is read first
+  // from one of its R + hot_read_replicas owners, a different one on each call (round robin), so that
+  // its reads spread over all of them; then from the primary and the rest in ring order.
+  ReadPlan PlanReads(const RingView& view, const Namespace& ns, std::span<const Fingerprint> fps,
+                     uint64_t first_depth) {
+    const uint32_t r = ReplicationFactor(ns);
+    ReadPlan plan;
+    plan.owners.resize(fps.size());
+    plan.retry_miss.resize(fps.size());
+    std::vector<bool> hot(fps.size(), false);
+    if (options.hot_read_replicas > 0) {
+      std::lock_guard<std::mutex> lock(hot_mu);
+      for (size_t i = 0; i < fps.size() && ShallowEnough(first_depth + i); ++i) hot[i] = hot_blocks.contains(fps[i]);
+    }
+    const uint64_t spread = options.hot_read_replicas > 0 ? read_calls.fetch_add(1, std::memory_order_relaxed) : 0;
+    for (size_t i = 0; i < fps.size(); ++i) {
+      std::vector<uint32_t>& o = plan.owners[i];
+      o = view.ring.Owners(fps[i], r + (hot[i] ? options.hot_read_replicas : 0));
+      const size_t pick = hot[i] ? spread % o.size() : 0;
+      if (pick != 0) {
+        std::rotate(o.begin(), o.begin() + static_cast<ptrdiff_t>(pick), o.begin() + static_cast<ptrdiff_t>(pick) + 1);
+        plan.retry_miss[i] = true;
+      }
+    }
+    return plan;
+  }
+
+  // After a Get: each block at depth < hot_depth that was a hit and is not hot yet becomes hot, and a copy
+  // of it (from the caller's buffer) is queued for its hot_read_replicas extra owners. Hits mark blocks
+  // hot because reuse is what makes a block hot: a shallow block of a prompt seen once is not.
+  void PromoteHot(const RingView& view, const Namespace& ns, std::span<const Fingerprint> fps, uint32_t shard,
+                  std::span<const std::span<std::byte>> buffers, uint64_t first_depth,
+                  std::span<const GetResult> results) {
+    if (replicator == nullptr || options.hot_read_replicas == 0) return;
+    const uint32_t r = ReplicationFactor(ns);
+    absl::flat_hash_map<uint32_t, ReplicaTask> tasks;  // by ring index
+    for (size_t i = 0; i < fps.size() && ShallowEnough(first_depth + i); ++i) {
+      if (results[i] != GetResult::kHit || !MarkHot(fps[i])) continue;
+      const std::vector<uint32_t> owners = view.ring.Owners(fps[i], r + options.hot_read_replicas);
+      if (owners.size() <= r) continue;
+      auto bytes = std::make_shared<const std::vector<std::byte>>(buffers[i].begin(), buffers[i].end());
+      for (size_t o = r; o < owners.size(); ++o) {
+        auto [it, inserted] = tasks.try_emplace(owners[o]);
+        if (inserted) {
+          it->second.node_id = view.ring.node_ids()[owners[o]];
+          it->second.ns = ns;
+          it->second.shard = shard;
+        }
+        it->second.blocks.push_back(
+            {.fingerprint = fps[i], .depth = static_cast<uint32_t>(first_depth + i), .bytes = bytes});
+      }
+    }
+    for (auto& [m, task] : tasks) (void)replicator->Enqueue(std::move(task));
+  }
+
+  // Blocks `pending` grouped by the owner each asks at `attempt` (plan.owners[i][attempt]), in batches of
+  // at most `batch`; batches of one owner are adjacent.
+  static OwnerGroups GroupByAttempt(const ReadPlan& plan, std::span<const uint32_t> pending, size_t attempt,
+                                    size_t batch) {
+    absl::flat_hash_map<uint32_t, size_t> slot;
+    OwnerGroups groups;
+    for (uint32_t i : pending) {
+      const uint32_t m = plan.owners[i][attempt];
+      auto [it, inserted] = slot.try_emplace(m, groups.size());
+      if (inserted) groups.push_back({m, {}});
+      groups[it->second].second.push_back(i);
+    }
+    OwnerGroups out;
+    for (auto& [m, idx] : groups) {
+      for (size_t off = 0; off < idx.size(); off += batch) {
+        const size_t end = std::min(idx.size(), off + batch);
+        out.push_back({m, std::vector<uint32_t>(idx.begin() + off, idx.begin() + end)});
+      }
+    }
+    return out;
+  }
+
+  // Deadline of an RPC whose blocks have at most `owners_left` owners left to ask (its own included):
+  // an even share of what is left of the call's budget, so that a silent primary leaves time for the
+  // replicas; the last owner gets all of it.
+  static absl::Time AttemptDeadline(absl::Time call_deadline, size_t owners_left) {
+    const absl::Time now = absl::Now();
+    if (owners_left <= 1 || call_deadline <= now) return call_deadline;
+    return now + (call_deadline - now) / static_cast<int64_t>(owners_left);
+  }
+
+  // The member in the ring now under `node_id`; null when there is none.
+  static std::shared_ptr<Member> RingMember(const RingView& view, const std::string& node_id) {
+    for (size_t r = 0; r < view.owners.size(); ++r) {
+      if (view.ring.node_ids()[r] == node_id) return view.owners[r];
+    }
+    return nullptr;
+  }
+
+  // The Replicator's put: `task` to its owner on the ring now, in put_batch_blocks batches.
+  // Errors: Unavailable (the owner is not in the ring).
+  absl::StatusOr<std::vector<PutResult>> PutReplica(const ReplicaTask& task) {
+    const std::shared_ptr<const RingView> view = View();
+    const std::shared_ptr<Member> member = RingMember(*view, task.node_id);
+    if (member == nullptr) return absl::UnavailableError(absl::StrCat("member ", task.node_id, " is not in the ring"));
+    v1::Namespace pns;
+    wire::ToProto(task.ns, &pns);
+    const uint64_t block_bytes = task.ns.layout.ShardBytes();
+    std::vector<PutResult> results(task.blocks.size(), PutResult::kError);
+    const size_t batch = std::min(options.max_blocks_per_request, options.put_batch_blocks);
+    for (size_t off = 0; off < task.blocks.size(); off += batch) {
+      const size_t end = std::min(task.blocks.size(), off + batch);
+      std::vector<BlockKey> keys;
+      std::vector<uint32_t> depths;
+      std::vector<std::span<const std::byte>> data;
+      for (size_t k = off; k < end; ++k) {
+        keys.push_back({task.blocks[k].fingerprint, task.shard});
+        depths.push_back(task.blocks[k].depth);
+        data.push_back(*task.blocks[k].bytes);
+      }
+      PutBatch(*member, pns, keys, depths, data, block_bytes, std::span(results).subspan(off, end - off));
+      // An owner that failed a batch is down: leave the rest kError (hinted) rather than wait again.
+      if (std::all_of(results.begin() + off, results.begin() + end, [](PutResult r) { return r == PutResult::kError; })) break;
+    }
+    return results;
+  }
+
+  bool InRing(const std::string& node_id) const { return RingMember(*View(), node_id) != nullptr; }
+
+  // After Put's primary round: queues a copy of every block the primary stored, refused or could not
+  // take (results[i] kStored, kNoSpace or kError) for each of its other owners on `view`, and hints the
+  // blocks the primary could not take (kError) for the primary itself.
+  void EnqueueReplicas(const RingView& view, const Namespace& ns, std::span<const Fingerprint> fps, uint32_t shard,
+                       std::span<const std::span<const std::byte>> blocks, uint32_t first_block_index,
+                       std::span<const PutResult> results) {
+    if (replicator == nullptr || view.owners.size() < 2) return;
+    const uint32_t r = ReplicationFactor(ns);
+    if (r < 2) return;
+    absl::flat_hash_map<uint32_t, ReplicaTask> tasks;  // by ring index
+    std::vector<uint32_t> order;                       // ring indices in the order first seen
+    absl::flat_hash_map<uint32_t, ReplicaTask> primary_hints;  // by ring index: primaries that failed
+    for (size_t i = 0; i < fps.size(); ++i) {
+      if (results[i] == PutResult::kAlreadyPresent || results[i] == PutResult::kInProgress) continue;
+      const uint64_t depth = uint64_t{first_block_index} + i;
+      const std::vector<uint32_t> owners = view.ring.Owners(fps[i], r);
+      if (owners.size() < 2) continue;
+      auto bytes = std::make_shared<const std::vector<std::byte>>(blocks[i].begin(), blocks[i].end());
+      if (results[i] == PutResult::kError) {  // the primary is down: it gets the block when it returns
+        auto [it, inserted] = primary_hints.try_emplace(owners[0]);
+        if (inserted) {
+          it->second.node_id = view.ring.node_ids()[owners[0]];
+          it->second.ns = ns;
+          it->second.shard = shard;
+        }
+        it->second.blocks.push_back({.fingerprint = fps[i], .depth = static_cast<uint32_t>(depth), .bytes = bytes});
+      }
+      for (size_t o = 1; o < owners.size(); ++o) {
+        auto [it, inserted] = tasks.try_emplace(owners[o]);
+        if (inserted) {
+          it->second.node_id = view.ring.node_ids()[owners[o]];
+          it->second.ns = ns;
+          it->second.shard = shard;
+          order.push_back(owners[o]);
+        }
+        it->second.blocks.push_back({.fingerprint = fps[i], .depth = static_cast<uint32_t>(depth), .bytes = bytes});
+      }
+    }
+    for (uint32_t m : order) (void)replicator->Enqueue(std::move(tasks[m]));
+    for (auto& [m, task] : primary_hints) replicator->HintNow(std::move(task));
+  }
+
+  // ---- Membership: the refresher thread's work (DNS, health checks, ring swaps).
+
+  std::shared_ptr<Member> NewMember(const std::string& address, const std::string& configured_id, bool from_dns) const {
+    return std::make_shared<Member>(address, configured_id, from_dns, channel_args, credentials, security);
+  }
+
+  // Asks each of `ms` its node id (GetInfo), all at once; records the ids that come back.
+  void AskNodeIds(const std::vector<Member*>& ms, absl::Duration timeout, bool wait_for_ready) {
+    std::vector<v1::GetInfoRequest> reqs(ms.size());
+    std::vector<v1::GetInfoResponse> resps(ms.size());
+    const std::vector<grpc::Status> statuses =
+        RunAll(ms.size(), timeout, wait_for_ready, [&](size_t i, grpc::ClientContext* ctx, auto done) {
+          ms[i]->admin->async()->GetInfo(ctx, &reqs[i], &resps[i], std::move(done));
+        });
+    for (size_t i = 0; i < ms.size(); ++i) {
+      if (!statuses[i].ok() || resps[i].node_id().empty()) continue;
+      std::lock_guard<std::mutex> lock(ms[i]->mu);
+      ms[i]->node_id = resps[i].node_id();
+    }
+  }
+
+  // Resolves members_dns and applies the answer: new addresses become members (asked their node id),
+  // addresses gone from the answer leave. A failed resolution changes nothing.
+  void RefreshDns() {
+    auto resolved = ResolveMembers(options.members_dns, options.dns_server, options.dns_timeout);
+    std::vector<std::string> addresses;
+    if (resolved.ok()) {
+      addresses = std::move(resolved).value();
+    } else if (resolved.status().code() != absl::StatusCode::kNotFound) {
+      stats.dns_failures.fetch_add(1, std::memory_order_relaxed);
+      return;
+    }
+    stats.dns_resolutions.fetch_add(1, std::memory_order_relaxed);
+    const absl::flat_hash_set<std::string> wanted(addresses.begin(), addresses.end());
+    absl::flat_hash_set<std::string> known;
+    for (const auto& m : Members()) known.insert(m->address);
+    std::vector<std::shared_ptr<Member>> added;
+    for (const std::string& a : addresses) {
+      if (known.insert(a).second) added.push_back(NewMember(a, "", /*from_dns=*/true));
+    }
+    std::vector<Member*> ask;
+    for (const auto& m : added) ask.push_back(m.get());
+    // No wait_for_ready: a member still starting is asked again by the health checks.
+    AskNodeIds(ask, options.health_check_timeout, /*wait_for_ready=*/false);
+    std::lock_guard<std::mutex> lock(members_mu);
+    std::erase_if(members, [&](const std::shared_ptr<Member>& m) { return m->from_dns && !wanted.contains(m->address); });
+    members.insert(members.end(), added.begin(), added.end());
+  }
+
+  // One round of grpc.health.v1 checks of every member, at once; updates each member's health and asks
+  // the node id of members that pass and need it (unknown, or returning from ejection).
+  void CheckHealth() {
+    const std::vector<std::shared_ptr<Member>> ms = Members();
+    std::vector<grpc::health::v1::HealthCheckRequest> reqs(ms.size());
+    std::vector<grpc::health::v1::HealthCheckResponse> resps(ms.size());
+    const std::vector<grpc::Status> statuses =
+        RunAll(ms.size(), options.health_check_timeout, /*wait_for_ready=*/false,
+               [&](size_t i, grpc::ClientContext* ctx, auto done) {
+                 ms[i]->health_stub->async()->Check(ctx, &reqs[i], &resps[i], std::move(done));
+               });
+    std::vector<Member*> ask;       // passed, and the node id is needed before it may be in the ring
+    std::vector<Member*> returning; // ejected members that passed healthy_threshold checks
+    for (size_t i = 0; i < ms.size(); ++i) {
+      Member& m = *ms[i];
+      const bool pass = statuses[i].ok() && resps[i].status() == grpc::health::v1::HealthCheckResponse::SERVING;
+      std::lock_guard<std::mutex> lock(m.mu);
+      if (pass) {
+        m.failures = 0;
+        ++m.passes;
+        m.last_error.clear();
+        if (m.health == MemberHealth::kEjected) {
+          if (m.passes >= options.healthy_threshold) {
+            returning.push_back(&m);
+            if (m.configured_id.empty()) ask.push_back(&m);  // a restarted server may report another id
+          }
+        } else {
+          m.health = MemberHealth::kHealthy;
+          if (m.node_id.empty()) ask.push_back(&m);
+        }
+        continue;
+      }
+      stats.health_check_failures.fetch_add(1, std::memory_order_relaxed);
+      m.passes = 0;
+      ++m.failures;
+      m.last_error = statuses[i].ok()
+                         ? absl::StrCat("status ", grpc::health::v1::HealthCheckResponse::ServingStatus_Name(resps[i].status()))
+                         : wire::FromGrpc(statuses[i]).ToString();
+      if (m.health != MemberHealth::kEjected && m.failures >= options.unhealthy_threshold) {
+        m.health = MemberHealth::kEjected;
+        stats.members_ejected.fetch_add(1, std::memory_order_relaxed);
+      } else if (m.health == MemberHealth::kUnknown) {
+        m.health = MemberHealth::kHealthy;  // in the ring until it reaches the threshold
+      }
+    }
+    if (!ask.empty()) {
+      // Forget the old id of a returning member first: if it does not answer now it stays out.
+      for (Member* m : ask) {
+        std::lock_guard<std::mutex> lock(m->mu);
+        if (m->health == MemberHealth::kEjected) m->node_id.clear();
+      }
+      AskNodeIds(ask, options.health_check_timeout, /*wait_for_ready=*/false);
+    }
+    for (Member* m : returning) {
+      std::lock_guard<std::mutex> lock(m->mu);
+      if (!m->node_id.empty()) m->health = MemberHealth::kHealthy;
+    }
+  }
+
+  // Builds the ring the members call for (known node id, not ejected; the first member reporting an id
+  // has it) and swaps it in when it differs from the current one. Returns false, changing nothing, when
+  // no member qualifies.
+  bool RebuildRing(bool force) {
+    std::vector<std::string> ids;
+    std::vector<std::shared_ptr<Member>> owners;
+    absl::flat_hash_set<std::string> seen;
+    for (const auto& m : Members()) {
+      std::string id;
+      {
+        std::lock_guard<std::mutex> lock(m->mu);
+        if (m->node_id.empty() || m->health == MemberHealth::kEjected) continue;
+        id = m->node_id;
+      }
+      if (!seen.insert(id).second) continue;
+      ids.push_back(std::move(id));
+      owners.push_back(m);
+    }
+    if (ids.empty()) return false;
+    const std::shared_ptr<const RingView> current = View();
+    if (!force && current != nullptr && current->owners.size() == owners.size()) {
+      absl::flat_hash_map<std::string, const Member*> now;
+      for (size_t r = 0; r < current->owners.size(); ++r) now[current->ring.node_ids()[r]] = current->owners[r].get();
+      bool same = true;
+      for (size_t r = 0; r < owners.size() && same; ++r) {
+        auto it = now.find(ids[r]);
+        same = it != now.end() && it->second == owners[r].get();
+      }
+      if (same) return true;
+    }
+    auto ring = HashRing::Create(ids, options.virtual_nodes);
+    if (!ring.ok()) return false;  // not reached: ids are distinct and non-empty
+    auto next = std::make_shared<const RingView>(RingView{std::move(ring).value(), std::move(owners)});
+    std::lock_guard<std::mutex> lock(view_mu);
+    if (view != nullptr) {
+      ++ring_version;
+      stats.ring_changes.fetch_add(1, std::memory_order_relaxed);
+    }
+    view = std::move(next);
+    return true;
+  }
+
+  void RefreshLoop() {
+    absl::Time next_dns = options.members_dns.empty() ? absl::InfiniteFuture()
+                                                      : absl::Now() + options.dns_refresh_interval;
+    absl::Time next_health = absl::Now() + options.health_check_interval;
+    for (;;) {
+      {
+        std::unique_lock<std::mutex> lock(stop_mu);
+        if (stop_cv.wait_until(lock, absl::ToChronoTime(std::min(next_dns, next_health)), [this] { return stopping; })) {
+          return;
+        }
+      }
+      const absl::Time now = absl::Now();
+      if (now >= next_dns) {
+        RefreshDns();
+        next_dns = absl::Now() + options.dns_refresh_interval;
+      }
+      if (now >= next_health) {
+        CheckHealth();
+        next_health = absl::Now() + options.health_check_interval;
+      }
+      (void)RebuildRing(/*force=*/false);
+    }
+  }
 };
 
 Client::Client(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -309,86 +1041,123 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   if (absl::Status s = options.Validate(); !s.ok()) return s;
   auto impl = std::make_unique<Impl>();
   impl->options = options;
-  const grpc::ChannelArguments args = wire::ChannelArgs(options.max_message_bytes);
+  impl->channel_args = wire::ChannelArgs(options.max_message_bytes);
+  impl->channel_args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, kMaxReconnectBackoffMs);
+  impl->security = wire::ChannelSecurity{.ca_file = options.tls_ca_file,
+                                         .cert_file = options.tls_cert_file,
+                                         .key_file = options.tls_key_file,
+                                         .server_name = options.tls_server_name,
+                                         .auth_token = options.auth_token};
+  auto credentials = wire::MakeChannelCredentials(impl->security, "tls_");
+  if (!credentials.ok()) return credentials.status();
+  impl->credentials = *std::move(credentials);
+  std::vector<std::shared_ptr<Member>> members;
+  absl::flat_hash_set<std::string> addresses;
   for (const std::string& spec : options.members) {
-    Member m;
     const size_t eq = spec.find('=');
-    if (eq != std::string::npos) {
-      m.info.node_id = spec.substr(0, eq);
-      m.info.address = spec.substr(eq + 1);
+    const std::string address = eq == std::string::npos ? spec : spec.substr(eq + 1);
+    addresses.insert(address);
+    members.push_back(impl->NewMember(address, eq == std::string::npos ? "" : spec.substr(0, eq), /*from_dns=*/false));
+  }
+  absl::Status dns_status;
+  if (!options.members_dns.empty()) {
+    auto resolved = ResolveMembers(options.members_dns, options.dns_server, options.dns_timeout);
+    if (resolved.ok()) {
+      impl->stats.dns_resolutions.fetch_add(1, std::memory_order_relaxed);
+      for (const std::string& a : *resolved) {
+        if (addresses.insert(a).second) members.push_back(impl->NewMember(a, "", /*from_dns=*/true));
+      }
+    } else if (resolved.status().code() == absl::StatusCode::kInvalidArgument) {
+      return absl::InvalidArgumentError(absl::StrCat("members_dns: ", resolved.status().message()));
     } else {
-      m.info.address = spec;
+      (resolved.status().code() == absl::StatusCode::kNotFound ? impl->stats.dns_resolutions : impl->stats.dns_failures)
+          .fetch_add(1, std::memory_order_relaxed);
+      dns_status = resolved.status();
     }
-    m.channel = grpc::CreateCustomChannel(m.info.address, grpc::InsecureChannelCredentials(), args);
-    m.cache = v1::CacheService::NewStub(m.channel);
-    m.admin = v1::AdminService::NewStub(m.channel);
-    impl->members.push_back(std::move(m));
   }
-  // Ask the members without a configured id for theirs, all at once.
+  // Ask the members without a configured id for theirs, all at once, riding out members still starting.
+  std::vector<Member*> ask;
+  for (const auto& m : members) {
+    if (m->node_id.empty()) ask.push_back(m.get());
+  }
+  impl->AskNodeIds(ask, options.connect_timeout, /*wait_for_ready=*/true);
+  // Two static members may not report one id (a configuration error); a DNS member reporting an id
+  // already taken (the same server under an IPv4 and an IPv6 record) stays out of the ring.
+  absl::flat_hash_set<std::string> static_ids;
+  for (const auto& m : members) {
+    if (m->from_dns || m->node_id.empty()) continue;
+    if (!static_ids.insert(m->node_id).second) {
+      return absl::InvalidArgumentError(absl::StrCat("members: node id \"", m->node_id, "\" is reported by two members"));
+    }
+  }
   {
-    std::vector<std::unique_ptr<grpc::ClientContext>> ctxs;
-    std::vector<v1::GetInfoRequest> reqs(impl->members.size());
-    std::vector<v1::GetInfoResponse> resps(impl->members.size());
-    std::vector<grpc::Status> statuses(impl->members.size());
-    std::vector<uint32_t> asked;
-    for (uint32_t i = 0; i < impl->members.size(); ++i) {
-      if (impl->members[i].info.node_id.empty()) asked.push_back(i);
-    }
-    std::latch done(static_cast<std::ptrdiff_t>(asked.size()));
-    for (uint32_t i : asked) {
-      auto ctx = std::make_unique<grpc::ClientContext>();
-      ctx->set_deadline(absl::ToChronoTime(absl::Now() + options.connect_timeout));
-      ctx->set_wait_for_ready(true);  // ride out a member that is still starting
-      impl->members[i].admin->async()->GetInfo(ctx.get(), &reqs[i], &resps[i], [&, i](grpc::Status s) {
-        statuses[i] = std::move(s);
-        done.count_down();
-      });
-      ctxs.push_back(std::move(ctx));
-    }
-    done.wait();
-    for (uint32_t i : asked) {
-      if (statuses[i].ok() && !resps[i].node_id().empty()) impl->members[i].info.node_id = resps[i].node_id();
-    }
+    std::lock_guard<std::mutex> lock(impl->members_mu);
+    impl->members = std::move(members);
   }
-  std::vector<std::string> ids;
-  absl::flat_hash_set<std::string> seen;
-  for (uint32_t i = 0; i < impl->members.size(); ++i) {
-    Member& m = impl->members[i];
-    if (m.info.node_id.empty()) continue;
-    if (!seen.insert(m.info.node_id).second) {
-      return absl::InvalidArgumentError(absl::StrCat("members: node id \"", m.info.node_id,
-                                                     "\" is reported by two members"));
-    }
-    m.info.in_ring = true;
-    ids.push_back(m.info.node_id);
-    impl->ring_to_member.push_back(i);
+  if (!impl->RebuildRing(/*force=*/true)) {
+    return absl::UnavailableError(
+        dns_status.ok() ? std::string("no member answered with its node id")
+                        : absl::StrCat("no member answered with its node id; members_dns: ", dns_status.message()));
   }
-  if (ids.empty()) return absl::UnavailableError("no member answered with its node id");
-  auto ring = HashRing::Create(ids, options.virtual_nodes);
-  if (!ring.ok()) return ring.status();
-  impl->ring = std::make_unique<HashRing>(std::move(ring).value());
   // Set up UCX endpoints now, in parallel, so that the first transfers need not; a member that fails
   // here is retried by the first call that needs it.
   if (impl->options.transport != "grpc") {
     Impl& im = *impl;
-    Impl::ForEachParallel(im.ring_to_member.size(), [&im](size_t r) { (void)im.UcxEndpoint(im.ring_to_member[r]); });
+    const std::shared_ptr<const RingView> view = im.View();
+    Impl::ForEachParallel(view->owners.size(), [&](size_t r) { (void)im.UcxEndpoint(*view->owners[r]); });
   }
+  const bool replicates = options.replication_factor > 1 || !options.replication_overrides.empty() ||
+                          options.hot_read_replicas > 0;
+  if (replicates) impl->replicator = std::make_unique<Replicator>(
+      Replicator::Options{.queue_bytes = options.replica_queue_bytes,
+                          .hint_bytes = options.hint_queue_bytes,
+                          .hint_retry_interval = options.hint_retry_interval},
+      Replicator::Hooks{.put = [p = impl.get()](const ReplicaTask& t) { return p->PutReplica(t); },
+                        .in_ring = [p = impl.get()](const std::string& id) { return p->InRing(id); }},
+      impl->stats);
+  impl->refresher = std::thread([p = impl.get()] { p->RefreshLoop(); });
   return std::unique_ptr<Client>(new Client(std::move(impl)));
 }
 
 const ClientStats& Client::stats() const { return impl_->stats; }
-const HashRing& Client::ring() const { return *impl_->ring; }
+
+absl::Status Client::FlushReplicas(absl::Duration timeout) {
+  return impl_->replicator == nullptr ? absl::OkStatus() : impl_->replicator->Flush(timeout);
+}
+
+HashRing Client::ring() const { return impl_->View()->ring; }
+
+uint64_t Client::ring_version() const {
+  std::lock_guard<std::mutex> lock(impl_->view_mu);
+  return impl_->ring_version;
+}
 
 std::vector<MemberInfo> Client::members() const {
+  const std::shared_ptr<const RingView> view = impl_->View();
+  absl::flat_hash_set<const Member*> in_ring;
+  for (const auto& m : view->owners) in_ring.insert(m.get());
   std::vector<MemberInfo> out;
-  for (const Member& m : impl_->members) {
-    out.push_back(m.info);
-    std::lock_guard<std::mutex> lock(m.ucx->mu);
-    if (m.ucx->state == UcxPeer::State::kReady) {
-      out.back().transport = "ucx";
-    } else {
-      out.back().transport = impl_->options.transport == "ucx" ? "none" : "grpc";
+  for (const auto& m : impl_->Members()) {
+    MemberInfo info;
+    info.address = m->address;
+    info.from_dns = m->from_dns;
+    info.in_ring = in_ring.contains(m.get());
+    {
+      std::lock_guard<std::mutex> lock(m->mu);
+      info.node_id = m->node_id;
+      info.health = m->health;
+      info.consecutive_failures = m->failures;
+      info.last_health_error = m->last_error;
     }
+    {
+      std::lock_guard<std::mutex> lock(m->ucx->mu);
+      if (m->ucx->state == UcxPeer::State::kReady) {
+        info.transport = "ucx";
+      } else {
+        info.transport = impl_->options.transport == "ucx" ? "none" : "grpc";
+      }
+    }
+    out.push_back(std::move(info));
   }
   return out;
 }
@@ -403,57 +1172,67 @@ absl::StatusOr<LookupResult> Client::LookupPrefix(const Namespace& ns, std::span
   im.stats.lookup_blocks.fetch_add(fps.size(), std::memory_order_relaxed);
   if (fps.empty()) return result;
 
-  std::vector<uint32_t> all(fps.size());
-  for (uint32_t i = 0; i < all.size(); ++i) all[i] = i;
-  // With tp shards, each key is asked tp times; split so one request stays within the limit.
-  OwnerGroups groups = im.GroupByOwner(fps, all);
-  if (tp > 1) {
-    OwnerGroups split;
-    const size_t per = std::max<size_t>(1, im.options.max_blocks_per_request / tp);
-    for (auto& [m, idx] : groups) {
-      for (size_t off = 0; off < idx.size(); off += per) {
-        split.push_back({m, std::vector<uint32_t>(idx.begin() + off, idx.begin() + std::min(idx.size(), off + per))});
-      }
-    }
-    groups = std::move(split);
-  }
+  const std::shared_ptr<const RingView> view = im.View();  // this call's ring, whatever changes meanwhile
   v1::Namespace pns;
   wire::ToProto(ns, &pns);
-  const size_t n = groups.size();
-  std::vector<v1::LookupRequest> reqs(n);
-  std::vector<v1::LookupResponse> resps(n);
-  std::vector<grpc::Status> statuses(n);
-  std::vector<std::unique_ptr<grpc::ClientContext>> ctxs(n);
-  std::latch done(static_cast<std::ptrdiff_t>(n));
-  for (size_t g = 0; g < n; ++g) {
-    *reqs[g].mutable_namespace_() = pns;
-    std::vector<BlockKey> keys;
-    keys.reserve(groups[g].second.size() * tp);
-    for (uint32_t i : groups[g].second) {
-      for (uint32_t s = 0; s < tp; ++s) keys.push_back({fps[i], s});
+  const uint64_t group_key = PromptGroupKey(fps);  // per-group statistics on the servers (similarity.h)
+  // Each block's owners in the order to ask them; a block its owner cannot answer goes to the next one
+  // (another attempt), all within one rpc_timeout.
+  const Impl::ReadPlan plan = im.PlanReads(*view, ns, fps, /*first_depth=*/0);
+  const absl::Time call_deadline = absl::Now() + im.options.rpc_timeout;
+  // With tp shards, each key is asked tp times; split so one request stays within the limit.
+  const size_t per = std::max<size_t>(1, im.options.max_blocks_per_request / tp);
+  std::vector<uint8_t> answered(fps.size(), 0);
+  std::vector<uint32_t> pending(fps.size());
+  for (uint32_t i = 0; i < pending.size(); ++i) pending[i] = i;
+  for (size_t attempt = 0; !pending.empty(); ++attempt) {
+    const OwnerGroups groups = Impl::GroupByAttempt(plan, pending, attempt, per);
+    const size_t n = groups.size();
+    std::vector<v1::LookupRequest> reqs(n);
+    std::vector<v1::LookupResponse> resps(n);
+    std::vector<grpc::Status> statuses(n);
+    std::vector<std::unique_ptr<grpc::ClientContext>> ctxs(n);
+    std::latch done(static_cast<std::ptrdiff_t>(n));
+    for (size_t g = 0; g < n; ++g) {
+      *reqs[g].mutable_namespace_() = pns;
+      std::vector<BlockKey> keys;
+      keys.reserve(groups[g].second.size() * tp);
+      for (uint32_t i : groups[g].second) {
+        for (uint32_t s = 0; s < tp; ++s) keys.push_back({fps[i], s});
+      }
+      wire::EncodeKeys(keys, reqs[g].mutable_keys());
+      reqs[g].set_group_key(group_key);
+      ctxs[g] = std::make_unique<grpc::ClientContext>();
+      ctxs[g]->set_deadline(
+          absl::ToChronoTime(Impl::AttemptDeadline(call_deadline, plan.OwnersLeft(groups[g].second, attempt))));
+      view->owners[groups[g].first]->cache->async()->Lookup(ctxs[g].get(), &reqs[g], &resps[g], [&, g](grpc::Status s) {
+        statuses[g] = std::move(s);
+        done.count_down();
+      });
     }
-    wire::EncodeKeys(keys, reqs[g].mutable_keys());
-    ctxs[g] = std::make_unique<grpc::ClientContext>();
-    im.SetDeadline(*ctxs[g]);
-    im.members[groups[g].first].cache->async()->Lookup(ctxs[g].get(), &reqs[g], &resps[g], [&, g](grpc::Status s) {
-      statuses[g] = std::move(s);
-      done.count_down();
+    done.wait();
+    for (size_t g = 0; g < n; ++g) {
+      const auto& idx = groups[g].second;
+      if (!statuses[g].ok() || static_cast<size_t>(resps[g].present_size()) != idx.size() * tp) {
+        im.stats.rpc_errors.fetch_add(1, std::memory_order_relaxed);
+        continue;  // these blocks stay unanswered: the next owner is asked, if any
+      }
+      for (size_t k = 0; k < idx.size(); ++k) {
+        bool all_shards = true;
+        for (uint32_t s = 0; s < tp; ++s) all_shards &= resps[g].present(static_cast<int>(k * tp + s));
+        result.present[idx[k]] = all_shards;
+        answered[idx[k]] = 1;
+      }
+    }
+    uint64_t found_on_replica = 0;
+    std::erase_if(pending, [&](uint32_t i) {
+      found_on_replica += attempt > 0 && result.present[i];
+      const bool retry = !answered[i] || (!result.present[i] && plan.retry_miss[i] && attempt == 0);
+      return !retry || attempt + 1 >= plan.owners[i].size();
     });
+    im.stats.replica_read_blocks.fetch_add(found_on_replica, std::memory_order_relaxed);
   }
-  done.wait();
-  for (size_t g = 0; g < n; ++g) {
-    const auto& idx = groups[g].second;
-    if (!statuses[g].ok() || static_cast<size_t>(resps[g].present_size()) != idx.size() * tp) {
-      im.stats.rpc_errors.fetch_add(1, std::memory_order_relaxed);
-      result.blocks_from_errors += static_cast<uint32_t>(idx.size());
-      continue;
-    }
-    for (size_t k = 0; k < idx.size(); ++k) {
-      bool all_shards = true;
-      for (uint32_t s = 0; s < tp; ++s) all_shards &= resps[g].present(static_cast<int>(k * tp + s));
-      result.present[idx[k]] = all_shards;
-    }
-  }
+  for (uint8_t a : answered) result.blocks_from_errors += a == 0;
   while (result.prefix_blocks < fps.size() && result.present[result.prefix_blocks]) ++result.prefix_blocks;
   im.stats.misses_from_errors.fetch_add(result.blocks_from_errors, std::memory_order_relaxed);
   im.stats.prefix_hit_blocks.fetch_add(result.prefix_blocks, std::memory_order_relaxed);
@@ -463,7 +1242,8 @@ absl::StatusOr<LookupResult> Client::LookupPrefix(const Namespace& ns, std::span
 }
 
 absl::StatusOr<std::vector<GetResult>> Client::Get(const Namespace& ns, std::span<const Fingerprint> fps,
-                                                   uint32_t shard, std::span<const std::span<std::byte>> buffers) {
+                                                   uint32_t shard, std::span<const std::span<std::byte>> buffers,
+                                                   uint32_t first_block_index) {
   if (absl::Status s = ns.Validate(); !s.ok()) return s;
   if (shard >= ns.layout.tp_size) {
     return absl::InvalidArgumentError(absl::StrCat("shard ", shard, " >= tp_size ", ns.layout.tp_size));
@@ -486,76 +1266,51 @@ absl::StatusOr<std::vector<GetResult>> Client::Get(const Namespace& ns, std::spa
   std::vector<GetResult> results(fps.size(), GetResult::kMissFromError);
   im.stats.get_blocks.fetch_add(fps.size(), std::memory_order_relaxed);
   if (fps.empty()) return results;
-  std::vector<uint32_t> all(fps.size());
-  for (uint32_t i = 0; i < all.size(); ++i) all[i] = i;
-  const OwnerGroups groups = im.GroupByOwner(fps, all);
+  const std::shared_ptr<const RingView> view = im.View();  // this call's ring, whatever changes meanwhile
   v1::Namespace pns;
   wire::ToProto(ns, &pns);
+  // Each block's owners in the order to ask them; a block its owner cannot serve goes to the next one
+  // (another attempt), all within one rpc_timeout.
+  const Impl::ReadPlan plan = im.PlanReads(*view, ns, fps, first_block_index);
+  const absl::Time call_deadline = absl::Now() + im.options.rpc_timeout;
+  std::vector<uint32_t> pending(fps.size());
+  for (uint32_t i = 0; i < pending.size(); ++i) pending[i] = i;
+  uint64_t corrupt = 0;  // every copy that failed its checksum, whichever attempt
+  for (size_t attempt = 0; !pending.empty(); ++attempt) {
+    const OwnerGroups groups = im.GroupByAttempt(plan, pending, attempt, im.options.max_blocks_per_request);
+    std::vector<GetResult> before(pending.size());
+    for (size_t p = 0; p < pending.size(); ++p) {
+      before[p] = results[pending[p]];
+      results[pending[p]] = GetResult::kMissFromError;  // what an owner that fails leaves
+    }
+    Impl::ForEachParallel(groups.size(), [&](size_t g) {
+      const auto& [owner, idx] = groups[g];
+      std::vector<BlockKey> keys;
+      keys.reserve(idx.size());
+      for (uint32_t i : idx) keys.push_back({fps[i], shard});
+      const absl::Time deadline = Impl::AttemptDeadline(call_deadline, plan.OwnersLeft(idx, attempt));
+      im.ReadBatch(*view->owners[owner], pns, keys, idx, block_bytes, buffers, results, deadline);
+    });
+    for (size_t p = 0; p < pending.size(); ++p) {
+      GetResult& r = results[pending[p]];
+      corrupt += r == GetResult::kChecksumMismatch;
+      if (r == GetResult::kMissFromError && before[p] == GetResult::kMiss) r = GetResult::kMiss;  // a hot block's miss stands
+    }
+    uint64_t served_by_replica = 0;
+    std::erase_if(pending, [&](uint32_t i) {
+      served_by_replica += attempt > 0 && results[i] == GetResult::kHit;
+      const bool retry =
+          results[i] != GetResult::kHit && (results[i] != GetResult::kMiss || (plan.retry_miss[i] && attempt == 0));
+      return !retry || attempt + 1 >= plan.owners[i].size();
+    });
+    im.stats.replica_read_blocks.fetch_add(served_by_replica, std::memory_order_relaxed);
+  }
+  im.PromoteHot(*view, ns, fps, shard, buffers, first_block_index, results);
 
-  Impl::ForEachParallel(groups.size(), [&](size_t g) {
-    const auto& [member, idx] = groups[g];
-    v1::ReadRequest req;
-    *req.mutable_namespace_() = pns;
-    std::vector<BlockKey> keys;
-    keys.reserve(idx.size());
-    for (uint32_t i : idx) keys.push_back({fps[i], shard});
-    if (im.options.transport != "grpc") {
-      if (auto endpoint = im.UcxEndpoint(member); endpoint.has_value()) {
-        im.GetOverUcx(member, *endpoint, pns, keys, idx, block_bytes, buffers, results);
-        return;
-      }
-      if (im.options.transport == "ucx") {  // no fallback: these blocks are misses from error
-        im.stats.rpc_errors.fetch_add(1, std::memory_order_relaxed);
-        return;
-      }
-    }
-    wire::EncodeKeys(keys, req.mutable_keys());
-    grpc::ClientContext ctx;
-    im.SetDeadline(ctx);
-    auto reader = im.members[member].cache->Read(&ctx, req);
-    v1::ReadResponse msg;
-    std::vector<uint64_t> received(idx.size(), 0);
-    std::vector<v1::BlockStatus> status;
-    bool protocol_ok = true;
-    if (reader->Read(&msg) && static_cast<size_t>(msg.blocks_size()) == idx.size()) {
-      status.assign(msg.blocks().begin(), msg.blocks().end());
-      while (reader->Read(&msg)) {
-        const uint32_t k = msg.index();
-        if (k >= idx.size() || !status[k].present() || msg.offset() != received[k] ||
-            msg.data().size() > block_bytes - received[k]) {
-          protocol_ok = false;  // keep draining; these blocks stay errors
-          continue;
-        }
-        std::memcpy(buffers[idx[k]].data() + received[k], msg.data().data(), msg.data().size());
-        received[k] += msg.data().size();
-      }
-    } else {
-      protocol_ok = false;
-      ctx.TryCancel();  // don't wait for the rest of a stream we cannot use
-    }
-    const grpc::Status st = reader->Finish();
-    if (!st.ok() || !protocol_ok) im.stats.rpc_errors.fetch_add(1, std::memory_order_relaxed);
-    for (size_t k = 0; k < idx.size(); ++k) {
-      const uint32_t i = idx[k];
-      if (k < status.size() && !status[k].present()) {
-        results[i] = GetResult::kMiss;
-      } else if (k < status.size() && received[k] == block_bytes && status[k].size_bytes() == block_bytes) {
-        if (BlockChecksum(buffers[i].data(), block_bytes) == status[k].checksum()) {
-          results[i] = GetResult::kHit;
-        } else {
-          results[i] = GetResult::kChecksumMismatch;
-        }
-      } else {
-        results[i] = GetResult::kMissFromError;
-      }
-    }
-  });
-
-  uint64_t hits = 0, from_errors = 0, corrupt = 0;
+  uint64_t hits = 0, from_errors = 0;
   for (GetResult r : results) {
     hits += r == GetResult::kHit;
     from_errors += r == GetResult::kMissFromError;
-    corrupt += r == GetResult::kChecksumMismatch;
   }
   im.stats.retrieve_hit_blocks.fetch_add(hits, std::memory_order_relaxed);
   im.stats.retrieve_hit_tokens.fetch_add(hits * ns.layout.block_tokens, std::memory_order_relaxed);
@@ -592,8 +1347,9 @@ absl::StatusOr<std::vector<PutResult>> Client::Put(const Namespace& ns, std::spa
   if (fps.empty()) return results;
   std::vector<uint32_t> all(fps.size());
   for (uint32_t i = 0; i < all.size(); ++i) all[i] = i;
+  const std::shared_ptr<const RingView> view = im.View();  // this call's ring, whatever changes meanwhile
   const OwnerGroups groups =
-      im.GroupByOwner(fps, all, std::min(im.options.max_blocks_per_request, im.options.put_batch_blocks));
+      im.GroupByOwner(*view, fps, all, std::min(im.options.max_blocks_per_request, im.options.put_batch_blocks));
   // Owners in parallel; one owner's batches in order, each committed before the next is reserved, so a
   // put larger than an owner's memory streams through it instead of reserving more than it has.
   std::vector<std::pair<size_t, size_t>> runs;  // [first, last) group of each owner
@@ -605,124 +1361,23 @@ absl::StatusOr<std::vector<PutResult>> Client::Put(const Namespace& ns, std::spa
   wire::ToProto(ns, &pns);
 
   auto put_batch = [&](size_t g) {
-    const auto& [member, idx] = groups[g];
-    v1::CacheService::Stub& stub = *im.members[member].cache;
-    std::optional<UcxClient::EndpointId> ucx_endpoint;
-    if (im.options.transport != "grpc") {
-      ucx_endpoint = im.UcxEndpoint(member);
-      if (!ucx_endpoint.has_value() && im.options.transport == "ucx") {
-        im.stats.rpc_errors.fetch_add(1, std::memory_order_relaxed);
-        return;  // no fallback: all kError
-      }
-    }
-    // Phase 1: reserve.
-    v1::AllocateRequest areq;
-    *areq.mutable_namespace_() = pns;
+    const auto& [owner, idx] = groups[g];
     std::vector<BlockKey> keys;
-    keys.reserve(idx.size());
-    for (uint32_t i : idx) keys.push_back({fps[i], shard});
-    wire::EncodeKeys(keys, areq.mutable_keys());
-    areq.mutable_depths()->Reserve(static_cast<int>(idx.size()));
-    for (uint32_t i : idx) areq.add_depths(first_block_index + i);
-    v1::AllocateResponse aresp;
-    {
-      grpc::ClientContext ctx;
-      im.SetDeadline(ctx);
-      if (!stub.Allocate(&ctx, areq, &aresp).ok() || static_cast<size_t>(aresp.results_size()) != idx.size()) {
-        im.stats.rpc_errors.fetch_add(1, std::memory_order_relaxed);
-        if (ucx_endpoint.has_value()) im.UcxEndpointFailed(member, *ucx_endpoint);  // see GetOverUcx
-        return;  // all kError
-      }
+    std::vector<uint32_t> depths;
+    std::vector<std::span<const std::byte>> data;
+    for (uint32_t i : idx) {
+      keys.push_back({fps[i], shard});
+      depths.push_back(first_block_index + i);
+      data.push_back(blocks[i]);
     }
-    std::vector<uint32_t> allocated;  // positions k within idx
-    for (size_t k = 0; k < idx.size(); ++k) {
-      switch (aresp.results(static_cast<int>(k))) {
-        case v1::ALLOCATE_RESULT_ALLOCATED: allocated.push_back(static_cast<uint32_t>(k)); break;
-        case v1::ALLOCATE_RESULT_ALREADY_PRESENT: results[idx[k]] = PutResult::kAlreadyPresent; break;
-        case v1::ALLOCATE_RESULT_IN_PROGRESS: results[idx[k]] = PutResult::kInProgress; break;
-        case v1::ALLOCATE_RESULT_NO_SPACE: results[idx[k]] = PutResult::kNoSpace; break;
-        default: results[idx[k]] = PutResult::kError; break;
-      }
-    }
-    if (allocated.empty()) return;
-    // Phase 1b: the bytes into the reserved slots: over UCX straight into them, or streamed over gRPC.
-    auto ComputeChecksums = [&] {
-      std::vector<uint64_t> sums(idx.size(), 0);
-      for (uint32_t k : allocated) sums[k] = BlockChecksum(blocks[idx[k]].data(), block_bytes);
-      return sums;
-    };
-    std::vector<uint64_t> checksums;
-    bool ok = true;
-    if (ucx_endpoint.has_value()) {
-      std::vector<uint32_t> indices(allocated.begin(), allocated.end());
-      std::vector<std::span<const std::byte>> data;
-      for (uint32_t k : allocated) data.push_back(blocks[idx[k]]);
-      // The commit's checksums are computed while the bytes move.
-      const UcxClient::TransferResult r =
-          im.ucx->Put(*ucx_endpoint, aresp.reservation_id(), indices, data, absl::Now() + im.options.rpc_timeout,
-                      [&] { checksums = ComputeChecksums(); });
-      uint64_t taken = 0;
-      for (auto item : r.items) taken += item == UcxClient::ItemStatus::kOk;
-      im.stats.ucx_put_blocks.fetch_add(taken, std::memory_order_relaxed);
-      if (r.endpoint_failed) {
-        im.UcxEndpointFailed(member, *ucx_endpoint);
-        ok = false;  // abort below; blocks the server did not take come back INCOMPLETE otherwise
-      }
-    } else {
-      grpc::ClientContext ctx;
-      im.SetDeadline(ctx);
-      v1::WriteBlocksResponse wresp;
-      auto writer = stub.WriteBlocks(&ctx, &wresp);
-      v1::WriteBlocksRequest chunk;
-      chunk.set_reservation_id(aresp.reservation_id());
-      for (uint32_t k : allocated) {
-        const std::span<const std::byte> b = blocks[idx[k]];
-        for (uint64_t off = 0; ok && off < b.size(); off += im.options.stream_chunk_bytes) {
-          const uint64_t n = std::min<uint64_t>(im.options.stream_chunk_bytes, b.size() - off);
-          chunk.set_index(k);
-          chunk.set_offset(off);
-          chunk.set_data(reinterpret_cast<const char*>(b.data() + off), n);
-          ok = writer->Write(chunk);
-        }
-        if (!ok) break;
-      }
-      writer->WritesDone();
-      ok = writer->Finish().ok() && ok;
-    }
-    // Phase 2: commit with checksums (entries for keys not allocated are ignored by the server).
-    v1::CommitRequest creq;
-    creq.set_reservation_id(aresp.reservation_id());
-    if (checksums.empty()) checksums = ComputeChecksums();
-    creq.mutable_checksums()->Add(checksums.begin(), checksums.end());
-    v1::CommitResponse cresp;
-    if (ok) {
-      grpc::ClientContext ctx;
-      im.SetDeadline(ctx);
-      ok = stub.Commit(&ctx, creq, &cresp).ok() && static_cast<size_t>(cresp.results_size()) == idx.size();
-    }
-    if (!ok) {
-      im.stats.rpc_errors.fetch_add(1, std::memory_order_relaxed);
-      // Best effort: return the slots now rather than at reservation expiry.
-      grpc::ClientContext ctx;
-      im.SetDeadline(ctx);
-      v1::AbortRequest abreq;
-      abreq.set_reservation_id(aresp.reservation_id());
-      v1::AbortResponse abresp;
-      (void)stub.Abort(&ctx, abreq, &abresp);
-      return;  // the allocated blocks stay kError
-    }
-    uint64_t mismatched = 0;
-    for (uint32_t k : allocated) {
-      const auto r = cresp.results(static_cast<int>(k));
-      results[idx[k]] = r == v1::COMMIT_RESULT_COMMITTED ? PutResult::kStored : PutResult::kError;
-      mismatched += r == v1::COMMIT_RESULT_CHECKSUM_MISMATCH;
-    }
-    // The server saw other bytes than we sent: count it like a corrupt read.
-    im.stats.checksum_failures.fetch_add(mismatched, std::memory_order_relaxed);
+    std::vector<PutResult> batch(idx.size(), PutResult::kError);
+    im.PutBatch(*view->owners[owner], pns, keys, depths, data, block_bytes, batch);
+    for (size_t k = 0; k < idx.size(); ++k) results[idx[k]] = batch[k];
   };
   Impl::ForEachParallel(runs.size(), [&](size_t r) {
     for (size_t g = runs[r].first; g < runs[r].second; ++g) put_batch(g);
   });
+  im.EnqueueReplicas(*view, ns, fps, shard, blocks, first_block_index, results);
 
   uint64_t stored = 0, rejected = 0;
   for (PutResult r : results) {

@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "client/event_sequence.h"
 #include "kvtier/v1/events.grpc.pb.h"
+#include "kvtier/wire/channel_security.h"
 #include "kvtier/wire/wire.h"
 
 namespace kvtier::client {
@@ -357,11 +358,18 @@ absl::StatusOr<std::unique_ptr<EventSubscriber>> EventSubscriber::Start(const Ev
   auto impl = std::make_unique<Impl>();
   impl->options = options;
   const grpc::ChannelArguments args = wire::ChannelArgs(options.max_message_bytes);
+  const wire::ChannelSecurity security{.ca_file = options.tls_ca_file,
+                                       .cert_file = options.tls_cert_file,
+                                       .key_file = options.tls_key_file,
+                                       .server_name = options.tls_server_name,
+                                       .auth_token = options.auth_token};
+  auto credentials = wire::MakeChannelCredentials(security, "tls_");
+  if (!credentials.ok()) return credentials.status();
   impl->nodes.resize(options.members.size());
   for (size_t i = 0; i < options.members.size(); ++i) {
     impl->nodes[i].address = options.members[i];
-    impl->nodes[i].stub = v1::EventService::NewStub(
-        grpc::CreateCustomChannel(options.members[i], grpc::InsecureChannelCredentials(), args));
+    impl->nodes[i].stub =
+        v1::EventService::NewStub(wire::CreateSecureChannel(options.members[i], *credentials, args, security));
   }
   impl->context = zmq_ctx_new();
   if (impl->context == nullptr) return absl::InternalError("zmq_ctx_new failed");

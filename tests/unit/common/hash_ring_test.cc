@@ -123,6 +123,52 @@ TEST(HashRingTest, AddingAFourthMemberMovesAQuarterOfTheBlocksAllToIt) {
   EXPECT_LT(fraction, 0.32);
 }
 
+TEST(HashRingTest, AddingAMemberChangesReplicaSetsOnlyByInsertingIt) {
+  // With R = 2 of 4 members, the new member is in about R / 4 = 1/2 of the replica sets. Every other
+  // replica set keeps its owners in order; one the new member joins keeps the old owners in order, less
+  // the last (pushed out), with the new member inserted.
+  constexpr uint32_t kR = 2;
+  std::vector<std::string> four = Members(3);
+  four.push_back("gpu-node-3");
+  const HashRing before = MakeRing(Members(3));
+  const HashRing after = MakeRing(four);
+  const std::vector<Fingerprint> fps = RandomFingerprints(50000, 11);
+  size_t changed = 0;
+  for (const Fingerprint& fp : fps) {
+    std::vector<std::string> old_set, new_set;
+    for (uint32_t m : before.Owners(fp, kR)) old_set.push_back(before.node_ids()[m]);
+    for (uint32_t m : after.Owners(fp, kR)) new_set.push_back(after.node_ids()[m]);
+    ASSERT_EQ(new_set.size(), kR);
+    auto joined = std::find(new_set.begin(), new_set.end(), "gpu-node-3");
+    if (joined == new_set.end()) {
+      EXPECT_EQ(new_set, old_set) << "a replica set changed without the new member";
+      continue;
+    }
+    ++changed;
+    new_set.erase(joined);
+    old_set.pop_back();
+    EXPECT_EQ(new_set, old_set) << "old owners were reordered or replaced by another old member";
+  }
+  const double fraction = static_cast<double>(changed) / fps.size();
+  EXPECT_GT(fraction, 0.40);
+  EXPECT_LT(fraction, 0.60);
+}
+
+TEST(HashRingTest, ReplicaSetsAreStableAcrossRingsAndDistinct) {
+  // Two rings built from the same ids (in another order) give every block the same ordered owners.
+  std::vector<std::string> ids = Members(5);
+  const HashRing a = MakeRing(ids, 1024);
+  std::reverse(ids.begin(), ids.end());
+  const HashRing b = MakeRing(ids, 1024);
+  for (const Fingerprint& fp : RandomFingerprints(5000, 12)) {
+    std::vector<std::string> owners_a, owners_b;
+    for (uint32_t m : a.Owners(fp, 3)) owners_a.push_back(a.node_ids()[m]);
+    for (uint32_t m : b.Owners(fp, 3)) owners_b.push_back(b.node_ids()[m]);
+    EXPECT_EQ(owners_a, owners_b);
+    EXPECT_EQ(std::set<std::string>(owners_a.begin(), owners_a.end()).size(), 3u);
+  }
+}
+
 TEST(HashRingTest, RemovingAMemberMovesOnlyItsBlocks) {
   const HashRing before = MakeRing(Members(8));
   std::vector<std::string> seven = Members(8);

@@ -19,10 +19,43 @@
 
 namespace kvtier::client {
 
+// Membership (docs/architecture.md "Membership"): the static list `members`, the addresses the DNS name
+// `members_dns` resolves to, or both (their union; an address in both counts once). At least one is
+// required. Every member is health-checked (grpc.health.v1); the ring holds the members that reported a
+// node id and are not ejected.
 struct ClientOptions {
   // Static membership: "host:port" (the member reports its node id when the client connects) or
-  // "node_id=host:port" (id given; the member need not be up at connect time). Required, non-empty.
+  // "node_id=host:port" (id given; the member need not be up at connect time). Static members stay
+  // members for the client's lifetime (health checks may take them out of the ring for a while).
   std::vector<std::string> members;
+  // DNS membership: "NAME:PORT", e.g. "kvtier-headless.kvtier.svc.cluster.local:7400" (a Kubernetes
+  // headless Service, docs/deploy.md). Each A or AAAA record is a member at PORT (A records carry no
+  // port, so all members of one name share it). Re-resolved every dns_refresh_interval: new addresses
+  // are asked their node id and join the ring; addresses gone from the answer leave it. "" = none.
+  std::string members_dns;
+  // DNS servers to ask for members_dns: "" = the system's (/etc/resolv.conf, after /etc/hosts), else a
+  // comma-separated list of "IP", "IP:PORT" or "[IPv6]:PORT" (e.g. "127.0.0.1:5353"), asked directly
+  // with c-ares, any port; NAME is then fully qualified (no search domains) and /etc/hosts is not read.
+  // Default "".
+  std::string dns_server;
+  // How often members_dns is resolved again. Default 5 s.
+  absl::Duration dns_refresh_interval = absl::Seconds(5);
+  // Deadline of one resolution (every retry included). A resolution that fails (no answer in time, a
+  // server error) changes nothing; an answer that the name has no record removes every DNS member.
+  // Default 2 s.
+  absl::Duration dns_timeout = absl::Seconds(2);
+  // Health checks: every member is asked grpc.health.v1 Check("") this often, with this deadline. A
+  // member that fails (not SERVING, an RPC error or no answer in time) unhealthy_threshold checks in a
+  // row is ejected from the ring; it returns after healthy_threshold passing checks in a row (asked its
+  // node id again first, since a restarted server may report another). An ejected member's blocks map
+  // to the next members clockwise (misses at first, never errors). So a dead member leaves the ring
+  // within about unhealthy_threshold x health_check_interval + health_check_timeout.
+  // The ring is never emptied: an ejection that would leave no member in the ring waits.
+  // Defaults: every 1 s, 1 s deadline, ejected after 3 failures, back after 2 passes.
+  absl::Duration health_check_interval = absl::Seconds(1);
+  absl::Duration health_check_timeout = absl::Seconds(1);
+  uint32_t unhealthy_threshold = 3;
+  uint32_t healthy_threshold = 2;
   uint32_t virtual_nodes = HashRing::kDefaultVirtualNodes;  // ring points per member (DESIGN.md §2)
   absl::Duration rpc_timeout = absl::Seconds(2);        // deadline of every RPC; a slower owner is a miss
   absl::Duration connect_timeout = absl::Seconds(5);    // deadline of the node-id query at Connect
@@ -45,15 +78,86 @@ struct ClientOptions {
   // reconnects; calls meanwhile use gRPC bytes ("auto") or fail ("ucx"). Default 1 s.
   absl::Duration ucx_reconnect_backoff = absl::Seconds(1);
 
+  // Security of the gRPC channels (docs/config.md "Client options", docs/architecture.md "Security").
+  // TLS when tls_ca_file is set: PEM CA certificate(s) that sign the servers' certificates. "" (default):
+  // plaintext.
+  std::string tls_ca_file;
+  // PEM client certificate and key for mutual TLS (servers with tls.require_client_cert); both or
+  // neither; need tls_ca_file. Default "".
+  std::string tls_cert_file;
+  std::string tls_key_file;
+  // Name the servers' certificates must carry when it is not the host of the member addresses (e.g.
+  // members dialled by IP, certificates issued for "kvtier.kvtier.svc"). Default "": the address's host.
+  std::string tls_server_name;
+  // Bearer token sent as `authorization: Bearer <token>` on every RPC (servers with `auth`): a worker
+  // token of the tenant of every namespace this client uses. Default "": none. Connect reads the TLS
+  // files; their errors (NotFound, InvalidArgument) name the field.
+  std::string auth_token;
+
+  // ---- Replication (docs/architecture.md "Replication"). The owners of a block are the first
+  // R distinct members clockwise on the ring (HashRing::Owners). Put stores a block on its primary
+  // owner within the call and on the other owners from a bounded background queue; Get and
+  // LookupPrefix ask the primary and fail over to the next owner within the call's rpc_timeout.
+  // Replication factor R of every namespace without an entry in replication_overrides; 1..16, and at
+  // most the number of members in the ring is used (a ring of 2 members keeps 2 copies at R = 3).
+  // Default 1 (no replicas).
+  uint32_t replication_factor = 1;
+  // Per-namespace R, keyed by (tenant, model) rather than by a Namespace field: Namespace is hashed
+  // into fingerprints, and R must be changeable without changing a single block key. The first entry
+  // whose tenant equals the namespace's tenant and whose model is equal or "" (every model of that
+  // tenant) wins. Default: none.
+  struct ReplicationOverride {
+    std::string tenant;               // required
+    std::string model;                // "" = every model of `tenant`
+    uint32_t replication_factor = 1;  // 1..16
+  };
+  std::vector<ReplicationOverride> replication_overrides;
+  // Hot blocks: a block at depth < hot_depth of its prompt's chain (the first blocks of a shared system
+  // prompt, read by nearly every request) becomes hot when a Get of this client hits it: a copy is then
+  // queued for hot_read_replicas owners beyond its R (the next members clockwise), and later reads start
+  // at one of its R + hot_read_replicas owners in turn (round robin per call), falling back to the
+  // primary on a miss and to the others on an error, so that one owner is not every request's
+  // bottleneck. Shallow blocks that are never read again get no extra copy. Depth is
+  // first_block_index + i for Get, and i for LookupPrefix (its chain starts at block 0). This client
+  // remembers its 65,536 most recently promoted hot blocks.
+  // Defaults: 0 extra replicas (off), depth 4.
+  uint32_t hot_read_replicas = 0;
+  uint32_t hot_depth = 4;
+  // Bytes of replica blocks waiting in the background queue (each block's bytes are copied there,
+  // since Put borrows the caller's buffers only for the call). A Put whose replicas do not fit stores
+  // its primary copies as usual and counts its replica blocks in replica_put_failures.
+  // Default 256 MiB; must be > 0.
+  uint64_t replica_queue_bytes = 256ULL << 20;
+  // Hinted handoff: replica blocks whose owner is down (not in the ring, RPC error or timeout), and
+  // with R >= 2 the blocks whose primary failed within Put, wait in a queue of up to hint_queue_bytes
+  // (the oldest are dropped beyond it, counted in hints_dropped), and are delivered when the owner
+  // answers again: tried every hint_retry_interval while the owner is in the ring, and at once after
+  // any successful replica put to it. 0 bytes = no hints (failed replica puts are dropped).
+  // Defaults: 256 MiB, 1 s.
+  uint64_t hint_queue_bytes = 256ULL << 20;
+  absl::Duration hint_retry_interval = absl::Seconds(1);
+
   // Errors: InvalidArgument naming the field.
   absl::Status Validate() const;
+};
+
+// Health of a member as this client's checks see it.
+enum class MemberHealth : uint8_t {
+  kUnknown,    // not checked yet
+  kHealthy,    // the last check passed (or failed fewer than unhealthy_threshold times in a row)
+  kEjected,    // failed unhealthy_threshold checks in a row: out of the ring until it passes again
 };
 
 // What a member is, as this client sees it.
 struct MemberInfo {
   std::string node_id;   // ring key; empty when the member never answered
   std::string address;   // host:port
-  bool in_ring = false;  // false: the id is unknown, so no block maps to it
+  bool from_dns = false; // true: found through members_dns (and leaves when its record goes)
+  // false: the id is unknown, the member is ejected, or another member reports the same id first.
+  bool in_ring = false;
+  MemberHealth health = MemberHealth::kUnknown;
+  uint32_t consecutive_failures = 0;  // failed health checks in a row (0 after a pass)
+  std::string last_health_error;      // why the last failed check failed; "" when it passed
   // Data path of this member's block bytes now: "ucx" (endpoint up), "grpc", or "none" (transport
   // "ucx" and no working endpoint).
   std::string transport = "grpc";
@@ -105,6 +209,24 @@ struct ClientStats {
   std::atomic<uint64_t> ucx_put_blocks{0};        // blocks whose bytes the server took over UCX
   std::atomic<uint64_t> ucx_endpoint_failures{0}; // UCX endpoints dropped after an error or a missed deadline
   std::atomic<uint64_t> ucx_connects{0};          // UCX endpoints established (the first and reconnects)
+  std::atomic<uint64_t> ring_changes{0};          // rings swapped in after Connect (members joined or left)
+  std::atomic<uint64_t> dns_resolutions{0};       // members_dns resolutions that answered (records or none)
+  std::atomic<uint64_t> dns_failures{0};          // resolutions that failed (the members were kept)
+  std::atomic<uint64_t> health_check_failures{0}; // failed health checks, all members
+  std::atomic<uint64_t> members_ejected{0};       // ejections (a member ejected twice counts twice)
+  // Replication, in blocks (one block on one replica owner counts once per owner).
+  std::atomic<uint64_t> replica_puts{0};          // replica blocks an owner stored (or already had)
+  // Replica blocks not stored by an attempt: queue full, owner down or failing, no space there. Those
+  // of a down owner are then hinted (hints_queued) when the hint queue is enabled.
+  std::atomic<uint64_t> replica_put_failures{0};
+  // Replica blocks put in the hinted-handoff queue: their owner was down, or had the block reserved and
+  // not yet committed (asked again later).
+  std::atomic<uint64_t> hints_queued{0};
+  std::atomic<uint64_t> hints_delivered{0};       // hinted blocks an owner later stored (or had)
+  std::atomic<uint64_t> hints_dropped{0};         // hinted blocks dropped (oldest first) over hint_queue_bytes
+  // Blocks of Get (hits) and LookupPrefix (present) found on an owner other than the first one asked:
+  // fail-over after an error, or a hot block's fall-back after a miss.
+  std::atomic<uint64_t> replica_read_blocks{0};
 };
 
 // Talks to every member over gRPC (one channel each, reused), places blocks with a HashRing of the
@@ -112,14 +234,23 @@ struct ClientStats {
 // options.transport allows (one endpoint per member, created once and reused; one UCX worker with its
 // own progress thread per client), else over gRPC streams. A dead or slow owner becomes misses
 // within rpc_timeout, never a hang or an error of the call; each such block is counted in
-// misses_from_errors and reported per block.
+// misses_from_errors and reported per block. With replication (ClientOptions::replication_factor), such a
+// block is first asked of its other owners within the same rpc_timeout, and Put copies blocks to them
+// from a background thread (one per client that replicates).
+// Membership changes (DNS records, health ejections) are applied by one background thread per client,
+// which builds a new ring and swaps it in atomically: a call uses the ring it started with throughout,
+// so a change never makes a call fail; blocks whose owner changed are simply misses on the new owner.
 // Thread-safety: all methods may be called concurrently from many threads.
 class Client {
  public:
-  // Connects to the members and learns the node ids they report. Members that give no id and do not
-  // answer within connect_timeout stay out of the ring (see members()).
-  // Errors: InvalidArgument (bad options), Unavailable (no member could be placed on the ring).
+  // Resolves members_dns (when set), connects to the members and learns the node ids they report, then
+  // starts the background refresher (DNS and health checks). Members that give no id and do not answer
+  // within connect_timeout stay out of the ring until they answer a later health check (see members()).
+  // Errors: InvalidArgument (bad options; two static members report one node id), Unavailable (no
+  // member could be placed on the ring, e.g. members_dns did not resolve and there is no static member).
   static absl::StatusOr<std::unique_ptr<Client>> Connect(const ClientOptions& options);
+  // Stops the refresher, waiting for its current round (at most dns_timeout + 2 x health_check_timeout).
+  // No call may be in flight.
   ~Client();
 
   // How many leading blocks of `fingerprints` (a ChainFingerprints chain of `ns`) the cluster holds, on
@@ -129,22 +260,40 @@ class Client {
 
   // Fetches shard `shard` of each block into `buffers[i]` (caller-owned host memory, borrowed for the
   // call, each exactly ns.layout.ShardBytes() long). Only kHit buffers hold valid bytes afterwards.
+  // `first_block_index` is the depth of fingerprints[0] in its prompt's chain (hot blocks, see
+  // ClientOptions::hot_read_replicas). With replication, a block its first owner cannot serve (error,
+  // timeout, checksum mismatch) is asked of the next owner within the same rpc_timeout.
   // Errors: InvalidArgument (sizes or counts disagree, shard >= tp_size).
   absl::StatusOr<std::vector<GetResult>> Get(const Namespace& ns, std::span<const Fingerprint> fingerprints,
-                                             uint32_t shard, std::span<const std::span<std::byte>> buffers);
+                                             uint32_t shard, std::span<const std::span<std::byte>> buffers,
+                                             uint32_t first_block_index = 0);
 
   // Stores shard `shard` of each block from `blocks[i]` (borrowed for the call, each ShardBytes() long)
   // with a two-phase put per owner (allocate, write, commit with XXH3-64 checksums).
   // `first_block_index` is the index of fingerprints[0] in its prompt's chain (e.g. the hit length when
   // storing the blocks after a hit); servers give it to prefix-aware eviction policies.
+  // With replication the result is the primary owner's; the blocks the primary stored, refused or could
+  // not take (kStored, kNoSpace, kError) are copied into the background queue for the other owners
+  // (kAlreadyPresent and kInProgress blocks are not: their writer replicated them).
   // Errors: InvalidArgument (sizes or counts disagree, shard >= tp_size).
   absl::StatusOr<std::vector<PutResult>> Put(const Namespace& ns, std::span<const Fingerprint> fingerprints,
                                              uint32_t shard, std::span<const std::span<const std::byte>> blocks,
                                              uint32_t first_block_index = 0);
 
+  // Waits until the background replica queue is empty and no replica put is in flight (hinted blocks
+  // waiting for their owner do not count), for at most `timeout`. Puts made meanwhile extend the wait.
+  // Thread-safe. Errors: DeadlineExceeded (replicas still queued at `timeout`).
+  absl::Status FlushReplicas(absl::Duration timeout);
+
+  // Counters, updated concurrently (relaxed atomics).
   const ClientStats& stats() const;
+  // Every member now: static ones first, in options order, then DNS ones in the order they were found.
+  // A snapshot; members that left through DNS are gone from it.
   std::vector<MemberInfo> members() const;
-  const HashRing& ring() const;
+  // A copy of the ring now (node_ids() are the members in it). Later changes do not affect the copy.
+  HashRing ring() const;
+  // Incremented each time a new ring is swapped in; 0 after Connect.
+  uint64_t ring_version() const;
 
   class Impl;
 

@@ -25,6 +25,14 @@ struct EventSubscriberOptions {
   absl::Duration retry_interval = absl::Seconds(1);      // retry unreachable members and failed catch-ups
   int receive_hwm = 100000;                              // ZMQ_RCVHWM of the SUB socket, in messages
   uint64_t max_message_bytes = 80ULL << 20;              // Default: 80 MiB gRPC messages (snapshots)
+  // gRPC security, as ClientOptions' fields of the same names: TLS when tls_ca_file is set, mutual TLS
+  // with tls_cert_file and tls_key_file, and a bearer token (an admin token: events describe every
+  // tenant's blocks). The ZeroMQ PUB stream itself is plaintext and unauthenticated. Default: none.
+  std::string tls_ca_file;
+  std::string tls_cert_file;
+  std::string tls_key_file;
+  std::string tls_server_name;
+  std::string auth_token;
 };
 
 // One block in the index.
