@@ -13,6 +13,9 @@
 #                         evictions then demote to disk, and capacity for the report is host + disk
 #   --transport T         block bytes over auto (default: UCX, which the servers offer on 127.0.0.1),
 #                         ucx (UCX only) or grpc (gRPC bytes; the servers then start without UCX)
+#   --replication-factor R  copies of each block (default 1; docs/architecture.md "Replication")
+#   --hot-read-replicas H   extra owners of the first 4 blocks of each prompt, reads spread over them
+#                         (default 0); the report then shows each server's load (bench/README.md)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -25,6 +28,8 @@ DISK_BLOCKS=0
 POLICY=lru
 TRANSPORT=auto
 NODES=3
+REPLICATION_FACTOR=1
+HOT_READ_REPLICAS=0
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --trace) TRACE=$(realpath "$2"); shift 2 ;;
@@ -35,7 +40,9 @@ while [[ $# -gt 0 ]]; do
     --disk-blocks) DISK_BLOCKS=$2; shift 2 ;;
     --policy) POLICY=$2; shift 2 ;;
     --transport) TRANSPORT=$2; shift 2 ;;
-    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
+    --replication-factor) REPLICATION_FACTOR=$2; shift 2 ;;
+    --hot-read-replicas) HOT_READ_REPLICAS=$2; shift 2 ;;
+    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
     *) echo "demo.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -91,7 +98,7 @@ done
 MEMBER_LIST=$(IFS=,; echo "${MEMBERS[*]}")
 
 ARGS=(--members="$MEMBER_LIST" --capacity_blocks="$(( CAPACITY_BLOCKS + DISK_BLOCKS ))" --block_bytes="$BLOCK_BYTES" --limit="$LIMIT"
-      --transport="$TRANSPORT")
+      --transport="$TRANSPORT" --replication_factor="$REPLICATION_FACTOR" --hot_read_replicas="$HOT_READ_REPLICAS")
 [[ -n "$TRACE" ]] && ARGS+=(--trace="$TRACE")
 [[ $JSON -eq 1 ]] && ARGS+=(--json)
 log "replaying ${TRACE:-the built-in workload} against $MEMBER_LIST"

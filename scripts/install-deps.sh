@@ -15,6 +15,7 @@ PACKAGES=(
   libc-ares-dev  # DNS membership (client_lib); also a gRPC dependency
   libzmq3-dev  # KV events (docs/events.md)
   curl procps
+  iproute2  # tests/fault: `ip netns` and veth pairs for the network-partition test
   python3-dev python3-pybind11 python3-numpy python3-pip python3-setuptools python3-wheel  # bindings/python
   clang libclang-rt-14-dev
 )

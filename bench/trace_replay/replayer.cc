@@ -77,6 +77,57 @@ nlohmann::json LatencyJson(const LatencySummary& s) {
 
 double Ms(absl::Duration d) { return absl::ToDoubleMilliseconds(d); }
 
+// Builds the windows of ReplayOptions::report_interval_requests from the report's running counters.
+class WindowTracker {
+ public:
+  WindowTracker(const ReplayOptions& o, ReplayReport& rep) : o_(o), rep_(rep) {}
+
+  void RequestStarted(size_t r) {
+    if (o_.report_interval_requests == 0 || open_) return;
+    open_ = true;
+    start_ = rep_;  // the running counters; windows and latencies are not read from it
+    w_ = WindowReport{};
+    w_.index = rep_.windows.size();
+    w_.first_request = r;
+    w_.start_unix_ms = absl::ToUnixMillis(absl::Now());
+    first_lookup_ = lookups_;
+  }
+
+  // After request r, which recorded `lookup_latency_ms` and had `errors` misses from error or put errors.
+  void RequestEnded(size_t r, double lookup_latency_ms, uint64_t errors, bool last) {
+    if (o_.report_interval_requests == 0) return;
+    lookup_ms_.push_back(lookup_latency_ms);
+    ++lookups_;
+    const int64_t now = absl::ToUnixMillis(absl::Now());
+    if (errors > 0) w_.last_error_unix_ms = now;
+    if (!last && (r + 1 - w_.first_request) < o_.report_interval_requests) return;
+    w_.end_unix_ms = now;
+    w_.requests = rep_.requests - start_.requests;
+    w_.blocks = rep_.blocks - start_.blocks;
+    w_.hit_blocks = rep_.hit_blocks - start_.hit_blocks;
+    w_.lookup_prefix_blocks = rep_.lookup_prefix_blocks - start_.lookup_prefix_blocks;
+    w_.payload_mismatches = rep_.payload_mismatches - start_.payload_mismatches;
+    w_.checksum_failures = rep_.checksum_failures - start_.checksum_failures;
+    w_.client_errors = rep_.client_errors - start_.client_errors;
+    w_.misses_from_errors = rep_.misses_from_errors - start_.misses_from_errors;
+    w_.put_errors = rep_.put_errors - start_.put_errors;
+    std::vector<double> slice(lookup_ms_.begin() + first_lookup_, lookup_ms_.end());
+    w_.lookup_ms = Summarize(slice);
+    rep_.windows.push_back(w_);
+    if (o_.on_window) o_.on_window(w_);
+    open_ = false;
+  }
+
+ private:
+  const ReplayOptions& o_;
+  ReplayReport& rep_;
+  bool open_ = false;
+  ReplayReport start_;
+  WindowReport w_;
+  std::vector<double> lookup_ms_;
+  size_t lookups_ = 0, first_lookup_ = 0;
+};
+
 }  // namespace
 
 double PrefillModel::PrefillSeconds(double start, double end) const {
@@ -137,6 +188,7 @@ absl::StatusOr<ReplayReport> Replay(client::Client& client, std::span<const Trac
   double ttft_plain = 0, ttft_cached = 0;
   const absl::Time start = absl::Now();
   const int64_t first_ts = requests.empty() ? 0 : requests.front().timestamp_ms;
+  WindowTracker windows(o, rep);
 
   for (size_t r = 0; r < requests.size(); ++r) {
     const TraceRequest& req = requests[r];
@@ -144,6 +196,9 @@ absl::StatusOr<ReplayReport> Replay(client::Client& client, std::span<const Trac
       const absl::Time due = start + absl::Milliseconds((req.timestamp_ms - first_ts) / o.time_scale);
       if (due > absl::Now()) absl::SleepFor(due - absl::Now());
     }
+    windows.RequestStarted(r);
+    const uint64_t request_misses_before = client.stats().misses_from_errors.load();
+    const uint64_t request_put_errors_before = rep.put_errors;
     const size_t n = req.hash_ids.size();
     rep.requests++;
     rep.blocks += n;
@@ -232,6 +287,12 @@ absl::StatusOr<ReplayReport> Replay(client::Client& client, std::span<const Trac
     ttft_cached += o.prefill.PrefillSeconds(reused, L) +
                    (hit > 0 ? hit * o.prefill.model_block_bytes / o.prefill.fetch_bytes_per_s : 0) +
                    lookup_latency / 1000.0;
+    // Running totals, so that windows see them; the final values are set below.
+    const uint64_t request_misses = client.stats().misses_from_errors.load() - request_misses_before;
+    rep.misses_from_errors += request_misses;
+    rep.checksum_failures = client.stats().checksum_failures.load() - checksum_before;
+    windows.RequestEnded(r, lookup_latency, request_misses + (rep.put_errors - request_put_errors_before),
+                         r + 1 == requests.size());
     if (o.after_request) o.after_request(r);
   }
   rep.duration_s = absl::ToDoubleSeconds(absl::Now() - start);
@@ -276,6 +337,33 @@ std::string ReplayReport::ToJson() const {
       {"ttft_estimate_s", {{"no_cache_mean", ttft_no_cache_mean_s},
                            {"cached_mean", ttft_cached_mean_s},
                            {"speedup", ttft_cached_mean_s > 0 ? ttft_no_cache_mean_s / ttft_cached_mean_s : 0.0}}},
+  };
+  if (!windows.empty()) {
+    nlohmann::json w = nlohmann::json::array();
+    for (const WindowReport& win : windows) w.push_back(nlohmann::json::parse(win.ToJson()));
+    j["windows"] = std::move(w);
+  }
+  return j.dump();
+}
+
+std::string WindowReport::ToJson() const {
+  const nlohmann::json j = {
+      {"index", index},
+      {"first_request", first_request},
+      {"requests", requests},
+      {"blocks", blocks},
+      {"hit_blocks", hit_blocks},
+      {"block_hit_ratio", block_hit_ratio()},
+      {"lookup_prefix_blocks", lookup_prefix_blocks},
+      {"payload_mismatches", payload_mismatches},
+      {"checksum_failures", checksum_failures},
+      {"client_errors", client_errors},
+      {"misses_from_errors", misses_from_errors},
+      {"put_errors", put_errors},
+      {"start_unix_ms", start_unix_ms},
+      {"end_unix_ms", end_unix_ms},
+      {"last_error_unix_ms", last_error_unix_ms},
+      {"lookup_latency_ms", LatencyJson(lookup_ms)},
   };
   return j.dump();
 }

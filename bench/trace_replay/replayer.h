@@ -6,6 +6,7 @@
 #include <functional>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "kvtier/client/client.h"
@@ -32,6 +33,37 @@ struct PrefillModel {
   double PrefillSeconds(double start, double end) const;
 };
 
+// Latency percentiles in milliseconds.
+struct LatencySummary {
+  double p50 = 0, p90 = 0, p99 = 0, max = 0, mean = 0;
+  uint64_t count = 0;
+};
+
+// The requests [first_request, first_request + requests) of a replay, reported on their own so that a
+// fault can be seen as it starts and ends (trace_replay --report_interval_requests). Times are Unix
+// epoch milliseconds, so a driver can line them up with what it did to the cluster.
+struct WindowReport {
+  uint64_t index = 0;
+  uint64_t first_request = 0;
+  uint64_t requests = 0;
+  uint64_t blocks = 0;
+  uint64_t hit_blocks = 0;
+  uint64_t lookup_prefix_blocks = 0;
+  uint64_t payload_mismatches = 0;
+  uint64_t checksum_failures = 0;
+  uint64_t client_errors = 0;
+  uint64_t misses_from_errors = 0;
+  uint64_t put_errors = 0;
+  int64_t start_unix_ms = 0;        // when the window's first request started
+  int64_t end_unix_ms = 0;          // when its last request ended
+  int64_t last_error_unix_ms = 0;   // end of the last request with a miss from error or a put error; 0: none
+  LatencySummary lookup_ms;
+
+  double block_hit_ratio() const { return blocks ? double(hit_blocks) / double(blocks) : 0; }
+  // One JSON object with every field (bench/README.md).
+  std::string ToJson() const;
+};
+
 struct ReplayOptions {
   uint32_t block_tokens = 512;          // tokens per hash id (Mooncake: 512)
   uint64_t block_bytes = 32 << 10;      // payload bytes per block (one shard); a multiple of 2 * block_tokens * 2
@@ -42,12 +74,11 @@ struct ReplayOptions {
   PrefillModel prefill;
   // Called after each request with its index (fault tests kill servers from here). May be empty.
   std::function<void(size_t)> after_request;
-};
-
-// Latency percentiles in milliseconds.
-struct LatencySummary {
-  double p50 = 0, p90 = 0, p99 = 0, max = 0, mean = 0;
-  uint64_t count = 0;
+  // Every this many requests (and at the end, for the rest) a WindowReport is added to the report and
+  // given to on_window. 0 = no windows.
+  uint64_t report_interval_requests = 0;
+  // Called with each window as it ends (trace_replay prints it at once). May be empty.
+  std::function<void(const WindowReport&)> on_window;
 };
 
 struct ReplayReport {
@@ -69,6 +100,7 @@ struct ReplayReport {
   uint64_t bytes_stored = 0;
   double duration_s = 0;
   LatencySummary lookup_ms, get_ms, put_ms;
+  std::vector<WindowReport> windows;   // options.report_interval_requests > 0 only
   double ttft_no_cache_mean_s = 0;     // PrefillModel estimates
   double ttft_cached_mean_s = 0;
 
