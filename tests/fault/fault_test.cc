@@ -51,8 +51,9 @@ constexpr int64_t kErrorsStopWithinMs =
     kUnhealthyThreshold * (kHealthIntervalMs + kHealthTimeoutMs) + kRpcTimeoutMs + 2000;
 // A healed or restarted member is back (2 passing checks, a node-id query and gRPC's reconnect) within this.
 constexpr int64_t kRejoinWithinMs = 10000;
-// Lookup latency may exceed the RPC deadline only by the client's own work and scheduling.
-constexpr double kLookupSlackMs = 250;
+// LookupPrefix returns within rpc_timeout of its start (its RPCs get that less a 10 ms reserve); the
+// measured latency may exceed it only by scheduling noise on a loaded 2-core machine.
+constexpr double kLookupSlackMs = 25;
 
 // Servers: 4 MiB of host memory (128 blocks) and a disk tier each, so that most of each server's
 // ~900 blocks live on disk and survive a SIGKILL; block bytes over UCX (loopback).
@@ -326,52 +327,84 @@ TEST_F(FaultTest, KilledServerWithReplicationFactorTwoKeepsMostOfTheHitRatio) {
 
 // node-2 runs in its own network namespace behind a veth pair; mid-replay its link goes down (packets
 // vanish: every call to it hangs until its deadline), later it comes back. The partition costs misses
-// (never errors or wrong bytes) that stop once the client ejects it, lookups wait at most the deadline,
-// and after the heal node-2 rejoins with the blocks it kept and serves them again.
-TEST_F(FaultTest, PartitionedServerCostsBoundedMissesWithinTheDeadlineAndRejoinsWhenHealed) {
-  auto link = NetnsLink::Create();
-  if (absl::IsFailedPrecondition(link.status())) GTEST_SKIP() << link.status().message();
-  ASSERT_OK(link);
-  netns_ = *std::move(link);
-  StartCluster(/*node_in_netns=*/2);
-  double lookups_at_heal = 0, read_hits_at_heal = 0;
-  FaultPlan plan{
-      .inject = [&] { return netns_->Cut(); },
-      .heal = [&] {
-        if (absl::Status healed = netns_->Heal(); !healed.ok()) return healed;
-        // Ejected by now, so the client sends it nothing until it rejoins. The link takes a moment to
-        // carry packets again.
-        const absl::Time deadline = absl::Now() + absl::Seconds(5);
-        while (true) {
-          auto lookups = ReadMetric(servers_[1]->metrics_address(), "kvtier_lookup_requests_total");
-          auto hits = ReadMetric(servers_[1]->metrics_address(), "kvtier_read_blocks_total", "result=\"hit\"");
-          if (lookups.ok() && hits.ok()) {
-            lookups_at_heal = *lookups;
-            read_hits_at_heal = *hits;
-            return absl::OkStatus();
+// (never errors or wrong bytes) that stop once the client ejects it, lookups return within the deadline
+// (LookupPrefix returns within rpc_timeout of its start), and after the heal node-2 rejoins with the
+// blocks it kept and serves them again. With R=2 the other owner serves node-2's blocks meanwhile.
+class PartitionTest : public FaultTest {
+ protected:
+  // Runs the partition with `replication_factor`; false (with a skip) when namespaces are refused here.
+  bool RunPartition(uint32_t replication_factor, FaultRun* run, double* read_hits_at_heal) {
+    auto link = NetnsLink::Create();
+    if (absl::IsFailedPrecondition(link.status())) {
+      skip_reason_ = std::string(link.status().message());
+      return false;
+    }
+    EXPECT_OK(link);
+    if (!link.ok()) return false;
+    netns_ = *std::move(link);
+    StartCluster(/*node_in_netns=*/2);
+    double lookups_at_heal = 0;
+    FaultPlan plan{
+        .inject = [&] { return netns_->Cut(); },
+        .heal = [&] {
+          if (absl::Status healed = netns_->Heal(); !healed.ok()) return healed;
+          // Ejected by now, so the client sends it nothing until it rejoins. The link takes a moment to
+          // carry packets again.
+          const absl::Time deadline = absl::Now() + absl::Seconds(5);
+          while (true) {
+            auto lookups = ReadMetric(servers_[1]->metrics_address(), "kvtier_lookup_requests_total");
+            auto hits = ReadMetric(servers_[1]->metrics_address(), "kvtier_read_blocks_total", "result=\"hit\"");
+            if (lookups.ok() && hits.ok()) {
+              lookups_at_heal = *lookups;
+              *read_hits_at_heal = *hits;
+              return absl::OkStatus();
+            }
+            if (absl::Now() > deadline) return lookups.ok() ? hits.status() : lookups.status();
+            absl::SleepFor(absl::Milliseconds(100));
           }
-          if (absl::Now() > deadline) return lookups.ok() ? hits.status() : lookups.status();
-          absl::SleepFor(absl::Milliseconds(100));
-        }
-      },
-      .rejoined = [&] {
-        // More than a few lookups, so that requests cut off in flight and delivered late do not count.
-        auto v = ReadMetric(servers_[1]->metrics_address(), "kvtier_lookup_requests_total");
-        return v.ok() && *v > lookups_at_heal + 5;
-      },
-  };
-  const FaultRun run = Replay(plan);
+        },
+        .rejoined = [&] {
+          // More than a few lookups, so that requests cut off in flight and delivered late do not count.
+          auto v = ReadMetric(servers_[1]->metrics_address(), "kvtier_lookup_requests_total");
+          return v.ok() && *v > lookups_at_heal + 5;
+        },
+    };
+    *run = Replay(plan, replication_factor);
+    return true;
+  }
+
+  void ExpectRejoinedAndServing(const FaultRun& run, double read_hits_at_heal) {
+    ASSERT_GT(run.rejoin_ms, 0) << "the healed server never served a lookup again";
+    EXPECT_LE(run.rejoin_ms - run.heal_ms, kRejoinWithinMs);
+    auto hits = ReadMetric(servers_[1]->metrics_address(), "kvtier_read_blocks_total", "result=\"hit\"");
+    ASSERT_OK(hits);
+    EXPECT_GT(*hits, read_hits_at_heal) << "the healed server served none of its blocks";
+    EXPECT_GE(run.recovered.windows, 3u);
+  }
+
+  std::string skip_reason_;
+};
+
+TEST_F(PartitionTest, PartitionedServerCostsBoundedMissesWithinTheDeadlineAndRejoinsWhenHealed) {
+  FaultRun run;
+  double read_hits_at_heal = 0;
+  if (!RunPartition(1, &run, &read_hits_at_heal)) GTEST_SKIP() << skip_reason_;
   ExpectCorrectAndBounded(run);
   EXPECT_GT(run.during.misses_from_errors, 0u);
-  // Calls to the partitioned member end at their deadline, never later.
   EXPECT_LE(run.during.max_p99_lookup_ms, kRpcTimeoutMs + kLookupSlackMs);
-  ASSERT_GT(run.rejoin_ms, 0) << "the healed server never served a lookup again";
-  EXPECT_LE(run.rejoin_ms - run.heal_ms, kRejoinWithinMs);
-  auto hits = ReadMetric(servers_[1]->metrics_address(), "kvtier_read_blocks_total", "result=\"hit\"");
-  ASSERT_OK(hits);
-  EXPECT_GT(*hits, read_hits_at_heal) << "the healed server served none of its blocks";
-  EXPECT_GE(run.recovered.windows, 3u);
+  ExpectRejoinedAndServing(run, read_hits_at_heal);
   EXPECT_GT(run.recovered.hit_ratio(), run.during.hit_ratio());
+}
+
+TEST_F(PartitionTest, PartitionedServerWithReplicationFactorTwoKeepsMostOfTheHitRatio) {
+  if (!TraceReplayHasReplication()) GTEST_SKIP() << "trace_replay has no --replication_factor";
+  FaultRun run;
+  double read_hits_at_heal = 0;
+  if (!RunPartition(2, &run, &read_hits_at_heal)) GTEST_SKIP() << skip_reason_;
+  ExpectCorrectAndBounded(run, /*expect_misses_from_errors=*/false);
+  EXPECT_LE(run.during.max_p99_lookup_ms, kRpcTimeoutMs + kLookupSlackMs);
+  EXPECT_GE(run.during.hit_ratio(), 0.8 * run.before.hit_ratio()) << "replication kept too few hits";
+  ExpectRejoinedAndServing(run, read_hits_at_heal);
 }
 
 // node-2 is killed mid-replay and restarted at once under the same node id and address with its disk

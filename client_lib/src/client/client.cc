@@ -773,6 +773,14 @@ class Client::Impl {
   // Deadline of an RPC whose blocks have at most `owners_left` owners left to ask (its own included):
   // an even share of what is left of the call's budget, so that a silent primary leaves time for the
   // replicas; the last owner gets all of it.
+  // The deadline of a call that started at `start`: rpc_timeout later, less a reserve for assembling the
+  // result after the last RPC returns (2% of rpc_timeout, between 2 and 20 ms), so that the call itself
+  // returns within rpc_timeout even when an owner hangs until its deadline.
+  static absl::Time CallDeadline(absl::Time start, absl::Duration rpc_timeout) {
+    const absl::Duration reserve = std::clamp(rpc_timeout / 50, absl::Milliseconds(2), absl::Milliseconds(20));
+    return start + std::max(rpc_timeout - reserve, rpc_timeout / 2);
+  }
+
   static absl::Time AttemptDeadline(absl::Time call_deadline, size_t owners_left) {
     const absl::Time now = absl::Now();
     if (owners_left <= 1 || call_deadline <= now) return call_deadline;
@@ -1163,6 +1171,7 @@ std::vector<MemberInfo> Client::members() const {
 }
 
 absl::StatusOr<LookupResult> Client::LookupPrefix(const Namespace& ns, std::span<const Fingerprint> fps) {
+  const absl::Time call_deadline = Impl::CallDeadline(absl::Now(), impl_->options.rpc_timeout);
   if (absl::Status s = ns.Validate(); !s.ok()) return s;
   Impl& im = *impl_;
   const uint32_t tp = ns.layout.tp_size;
@@ -1179,7 +1188,6 @@ absl::StatusOr<LookupResult> Client::LookupPrefix(const Namespace& ns, std::span
   // Each block's owners in the order to ask them; a block its owner cannot answer goes to the next one
   // (another attempt), all within one rpc_timeout.
   const Impl::ReadPlan plan = im.PlanReads(*view, ns, fps, /*first_depth=*/0);
-  const absl::Time call_deadline = absl::Now() + im.options.rpc_timeout;
   // With tp shards, each key is asked tp times; split so one request stays within the limit.
   const size_t per = std::max<size_t>(1, im.options.max_blocks_per_request / tp);
   std::vector<uint8_t> answered(fps.size(), 0);
@@ -1244,6 +1252,7 @@ absl::StatusOr<LookupResult> Client::LookupPrefix(const Namespace& ns, std::span
 absl::StatusOr<std::vector<GetResult>> Client::Get(const Namespace& ns, std::span<const Fingerprint> fps,
                                                    uint32_t shard, std::span<const std::span<std::byte>> buffers,
                                                    uint32_t first_block_index) {
+  const absl::Time call_deadline = Impl::CallDeadline(absl::Now(), impl_->options.rpc_timeout);
   if (absl::Status s = ns.Validate(); !s.ok()) return s;
   if (shard >= ns.layout.tp_size) {
     return absl::InvalidArgumentError(absl::StrCat("shard ", shard, " >= tp_size ", ns.layout.tp_size));
@@ -1272,7 +1281,6 @@ absl::StatusOr<std::vector<GetResult>> Client::Get(const Namespace& ns, std::spa
   // Each block's owners in the order to ask them; a block its owner cannot serve goes to the next one
   // (another attempt), all within one rpc_timeout.
   const Impl::ReadPlan plan = im.PlanReads(*view, ns, fps, first_block_index);
-  const absl::Time call_deadline = absl::Now() + im.options.rpc_timeout;
   std::vector<uint32_t> pending(fps.size());
   for (uint32_t i = 0; i < pending.size(); ++i) pending[i] = i;
   uint64_t corrupt = 0;  // every copy that failed its checksum, whichever attempt

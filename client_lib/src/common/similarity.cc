@@ -202,7 +202,7 @@ uint64_t MinHasher::AffinityKey(std::span<const uint64_t> items) const {
 uint64_t PromptGroupKey(std::span<const Fingerprint> fps) {
   // Built once; the default options always validate.
   static const MinHasher* const kHasher = new MinHasher(*MinHasher::Create());
-  return kHasher->AffinityKey(ItemsFromFingerprints(fps));
+  return kHasher->AffinityKey(ItemsFromFingerprints(fps.first(std::min(fps.size(), kGroupKeyBlocks))));
 }
 
 SimilarityIndex::SimilarityIndex(size_t capacity_keys) : generation_keys_(std::max<size_t>(capacity_keys, 2) / 2) {}
