@@ -856,24 +856,29 @@ void BlockStore::Abort(uint64_t reservation_id) {
   reservations_.erase(it);
 }
 
-BlockStore::ReadLease BlockStore::AcquireRead(const NamespaceRef& ns, std::span<const BlockKey> keys,
-                                              absl::Duration lease_ttl) {
-  ReadLease result;
-  result.blocks.resize(keys.size());
-  std::vector<EntryHandle> leased(keys.size(), kNoEntry);
-  std::vector<std::vector<std::byte>> owned;
-  uint64_t hits = 0, bytes = 0;
-  std::lock_guard<std::mutex> lock(mu_);
-  ExpireLocked(clock_->Now());
-  // Pin every present block first, so that promoting one disk block cannot evict another of this read.
+std::vector<EntryHandle> BlockStore::PinCommittedLocked(const NamespaceRef& ns, std::span<const BlockKey> keys) {
+  std::vector<EntryHandle> pinned(keys.size(), kNoEntry);
   for (size_t i = 0; i < keys.size(); ++i) {
     auto it = index_.find(keys[i]);
     if (it == index_.end()) continue;
     Entry& e = entries_[it->second];
     if (e.state != State::kCommitted || e.namespace_id != ns.id || e.tenant_id != ns.tenant_id) continue;
-    leased[i] = it->second;
+    pinned[i] = it->second;
     ++e.lease_count;
   }
+  return pinned;
+}
+
+BlockStore::ReadLease BlockStore::AcquireRead(const NamespaceRef& ns, std::span<const BlockKey> keys,
+                                              absl::Duration lease_ttl) {
+  ReadLease result;
+  result.blocks.resize(keys.size());
+  std::vector<std::vector<std::byte>> owned;
+  uint64_t hits = 0, bytes = 0;
+  std::lock_guard<std::mutex> lock(mu_);
+  ExpireLocked(clock_->Now());
+  // Pin every present block first, so that promoting one disk block cannot evict another of this read.
+  std::vector<EntryHandle> leased = PinCommittedLocked(ns, keys);
   for (size_t i = 0; i < keys.size(); ++i) {
     const EntryHandle h = leased[i];
     if (h == kNoEntry) continue;
@@ -925,19 +930,11 @@ absl::StatusOr<BlockStore::HbmLease> BlockStore::AcquireHbmRead(const NamespaceR
   if (hbm_memory_ == nullptr) return absl::FailedPreconditionError("this server has no HBM tier");
   HbmLease result;
   result.blocks.resize(keys.size());
-  std::vector<EntryHandle> leased(keys.size(), kNoEntry);
   uint64_t hits = 0, bytes = 0;
   std::lock_guard<std::mutex> lock(mu_);
   ExpireLocked(clock_->Now());
   // Pin first, so that bringing one block up cannot evict another of this request.
-  for (size_t i = 0; i < keys.size(); ++i) {
-    auto it = index_.find(keys[i]);
-    if (it == index_.end()) continue;
-    Entry& e = entries_[it->second];
-    if (e.state != State::kCommitted || e.namespace_id != ns.id || e.tenant_id != ns.tenant_id) continue;
-    leased[i] = it->second;
-    ++e.lease_count;
-  }
+  std::vector<EntryHandle> leased = PinCommittedLocked(ns, keys);
   for (size_t i = 0; i < keys.size(); ++i) {
     const EntryHandle h = leased[i];
     if (h == kNoEntry) continue;

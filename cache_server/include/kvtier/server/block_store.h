@@ -406,6 +406,9 @@ class BlockStore {
   EvictionPolicy& PolicyOf(const Entry& e) {
     return e.tier == Tier::kHost ? *policy_ : e.tier == Tier::kDisk ? *disk_policy_ : *hbm_policy_;
   }
+  // Per key: the handle of its committed entry in `ns` (same namespace and tenant) with its lease count
+  // raised, or kNoEntry.
+  std::vector<EntryHandle> PinCommittedLocked(const NamespaceRef& ns, std::span<const BlockKey> keys);
   // Moves a committed, leased host block up to the HBM tier, making room there. False (the block stays
   // in host memory) when nothing in HBM can be evicted or the copy fails.
   bool PromoteToHbmLocked(EntryHandle h);
