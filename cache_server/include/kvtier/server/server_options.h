@@ -107,13 +107,13 @@ struct ServerOptions {
   // this model or an empty one; nullptr when none matches.
   const NamespaceOptions* FindNamespace(const std::string& tenant, const std::string& model) const;
 
-  // Errors: InvalidArgument naming the key, e.g. "server.max_block_bytes: must be <= slab_bytes".
+  // Errors: InvalidArgument naming the key, e.g. "limits.max_block_bytes: must be <= host_tier.slab_bytes".
   absl::Status Validate() const;
 };
 
 // Parses a YAML config (docs/config.md). Unknown keys are errors, so typos never pass silently.
 // Sizes accept plain integers of bytes or suffixed strings ("64MiB", "2GiB"); durations accept strings
-// like "10s", "200ms". Errors: InvalidArgument naming the key ("server.host_cache_bytes: ...").
+// like "10s", "200ms". Errors: InvalidArgument naming the key ("host_tier.capacity_bytes: ...").
 absl::StatusOr<ServerOptions> ParseServerConfig(const std::string& yaml_text);
 // Parses a size: plain bytes or a number with KiB/MiB/GiB/TiB/KB/MB/GB ("64MiB"). `key` names the setting
 // in the error. Errors: InvalidArgument ("<key>: \"x\" is not a size ...").
