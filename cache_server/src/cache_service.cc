@@ -88,8 +88,15 @@ grpc::Status CacheServiceImpl::Allocate(grpc::ServerContext* ctx, const v1::Allo
                                                                p->keys.size(), " keys")));
   }
   const std::vector<uint32_t> depths(req->depths().begin(), req->depths().end());
+  // A caller that has given up (deadline passed while the request waited, e.g. in a stopped process)
+  // will never write or commit: reserving for it would hold slots until reservation_ttl.
+  if (ctx->IsCancelled()) return Finish("Allocate", start, grpc::Status(grpc::StatusCode::CANCELLED, "caller gave up"));
   auto r = store_.Allocate(p->ns, p->keys, depths);
   if (!r.ok()) return Finish("Allocate", start, wire::ToGrpc(r.status()));
+  if (ctx->IsCancelled() && r->reservation_id != 0) {
+    store_.Abort(r->reservation_id);
+    return Finish("Allocate", start, grpc::Status(grpc::StatusCode::CANCELLED, "caller gave up"));
+  }
   resp->set_reservation_id(r->reservation_id);
   resp->set_block_bytes(p->ns.block_bytes);
   resp->set_reservation_ttl_ms(static_cast<uint32_t>(absl::ToInt64Milliseconds(r->ttl)));

@@ -261,11 +261,23 @@ TEST_F(ReplicationTest, AHintedReplicaReachesItsOwnerWhenItResumes) {
       << "delivered " << c->stats().hints_delivered.load() << " of " << replica_on_victim.size();
   for (const Fingerprint& fp : replica_on_victim) EXPECT_TRUE(Holds(victim, fp)) << fp.Hex();
   EXPECT_EQ(c->stats().hints_dropped.load(), 0u);
-  // Every block is on both of its owners: node-2's primaries were put on their replica while it was
-  // stopped, and handed to node-2 from the hint queue when it resumed.
-  for (const Fingerprint& fp : fps) {
-    for (uint32_t m : ring.Owners(fp, 2)) EXPECT_TRUE(Holds(Server(ring.node_ids()[m]), fp)) << fp.Hex();
-  }
+  // Every block ends up on both of its owners: node-2's primaries were put on their replica while it
+  // was stopped, and are handed to node-2 from the hint queue after it resumed (in whatever order the
+  // queue delivers them, so wait for the end state rather than for a count).
+  auto on_both_owners = [&](const Fingerprint& fp) {
+    for (uint32_t m : ring.Owners(fp, 2)) {
+      if (!Holds(Server(ring.node_ids()[m]), fp)) return false;
+    }
+    return true;
+  };
+  EXPECT_TRUE(WaitFor([&] {
+    for (const Fingerprint& fp : fps) {
+      if (!on_both_owners(fp)) return false;
+    }
+    return true;
+  })) << "delivered " << c->stats().hints_delivered.load() << " of " << c->stats().hints_queued.load() << " hints";
+  for (const Fingerprint& fp : fps) EXPECT_TRUE(on_both_owners(fp)) << fp.Hex();
+  EXPECT_EQ(c->stats().hints_dropped.load(), 0u);
 }
 
 // Blocks read per server (lookup keys answered plus blocks served by Read) since `before`.
