@@ -894,7 +894,9 @@ BlockStore::ReadLease BlockStore::AcquireRead(const NamespaceRef& ns, std::span<
         owned[i] = std::move(buffer);
       }
     }
-    if (hbm_memory_ != nullptr && options_.hbm_promote_on_hit && entries_[h].tier == Tier::kHost) {
+    // Only a block no other lease holds moves up: another reader may be reading its host slot.
+    if (hbm_memory_ != nullptr && options_.hbm_promote_on_hit && entries_[h].tier == Tier::kHost &&
+        entries_[h].lease_count == 1) {
       PromoteToHbmLocked(h);  // best effort: on failure it is served from host memory
     }
     if (entries_[h].tier == Tier::kHbm) {
@@ -948,7 +950,8 @@ absl::StatusOr<BlockStore::HbmLease> BlockStore::AcquireHbmRead(const NamespaceR
       }
       placed = entries_[h].tier == Tier::kHost;  // else no room in host memory (or no promotion)
     }
-    if (placed && entries_[h].tier == Tier::kHost) placed = PromoteToHbmLocked(h);
+    // A host block another lease holds stays where it is: that reader may be reading its slot.
+    if (placed && entries_[h].tier == Tier::kHost) placed = entries_[h].lease_count == 1 && PromoteToHbmLocked(h);
     Entry& e = entries_[h];
     void* address = placed ? hbm_memory_->DeviceAddress(hbm_allocator_->Offset(e.slot)) : nullptr;
     if (address == nullptr) {  // stays where it is, for the host data path

@@ -119,6 +119,33 @@ TEST_F(HbmTierTest, PutsLandInHostAndAReadHitPromotesToHbm) {
   EXPECT_EQ(hbm_->copies_in.load(), 1u);                // no second promotion
 }
 
+// A reader may be reading a leased block's host slot (a UCX send from PinForSend): another read must
+// not move that block up to HBM and free the slot under it.
+TEST_F(HbmTierTest, AHostBlockAnotherLeaseHoldsIsNotPromoted) {
+  Open(2, 8);
+  Put(0);
+  const BlockKey k = Key(0);
+  const auto held = store_->Lookup(ns_, std::span<const BlockKey>(&k, 1), absl::Seconds(10));
+  ASSERT_TRUE(held.present[0]);
+  ASSERT_NE(held.lease_id, 0u);
+  auto pinned = store_->PinForSend(held.lease_id, 0);
+  ASSERT_OK(pinned);
+  EXPECT_EQ(Read(0), Payload(0));  // a second reader, with promotion on
+  EXPECT_EQ(store_->TierOfForTest(k), Tier::kHost);
+  EXPECT_EQ(store_->stats().hbm_promotions.load(), 0u);
+  const std::vector<std::byte> seen(pinned->data, pinned->data + pinned->size_bytes);
+  EXPECT_EQ(seen, Payload(0));  // the first reader's slot still holds the block
+  auto hbm = store_->AcquireHbmRead(ns_, std::span<const BlockKey>(&k, 1), absl::Seconds(1));
+  ASSERT_OK(hbm);
+  EXPECT_FALSE(hbm->blocks[0].has_value());
+  EXPECT_EQ(store_->TierOfForTest(k), Tier::kHost);  // not moved for the device path either
+  if (hbm->lease_id != 0) store_->Release(std::span<const uint64_t>(&hbm->lease_id, 1));
+  store_->Unpin(held.lease_id, 0);
+  store_->Release(std::span<const uint64_t>(&held.lease_id, 1));
+  EXPECT_EQ(Read(0), Payload(0));  // nobody else holds it now: it moves up
+  EXPECT_EQ(store_->TierOfForTest(k), Tier::kHbm);
+}
+
 TEST_F(HbmTierTest, AFullHbmDemotesItsLeastRecentBlockToHost) {
   Open(2, 8);
   for (uint32_t n = 0; n < 4; ++n) Put(n);
