@@ -20,11 +20,22 @@ absl::StatusOr<std::unique_ptr<SlabAllocator>> SlabAllocator::Create(const SlabA
   // Reserve address space only: pages are touched (and counted as resident) as blocks are written.
   void* p = nullptr;
   if (options.map_region) {
-    p = mmap(nullptr, options.capacity_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
-             -1, 0);
-    if (p == MAP_FAILED) {
+    // Aligned to 2 MiB and marked for transparent huge pages, so that a transport that pins the pages it
+    // copies (cma's process_vm_readv, an RDMA registration) walks one page per 2 MiB instead of 512.
+    // Where THP is off the advice is ignored.
+    constexpr uint64_t kHuge = 2ULL << 20;
+    const uint64_t reserved = options.capacity_bytes + kHuge;
+    void* raw = mmap(nullptr, reserved, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (raw == MAP_FAILED) {
       return absl::ResourceExhaustedError(absl::StrCat("mmap of ", options.capacity_bytes, " bytes failed"));
     }
+    const uintptr_t start = reinterpret_cast<uintptr_t>(raw);
+    const uintptr_t aligned = (start + kHuge - 1) & ~(kHuge - 1);
+    if (aligned > start) munmap(raw, aligned - start);
+    const uintptr_t end = aligned + options.capacity_bytes;
+    if (start + reserved > end) munmap(reinterpret_cast<void*>(end), start + reserved - end);
+    p = reinterpret_cast<void*>(aligned);
+    (void)madvise(p, options.capacity_bytes, MADV_HUGEPAGE);
   }
   auto alloc = std::unique_ptr<SlabAllocator>(new SlabAllocator());
   alloc->base_ = static_cast<std::byte*>(p);
