@@ -133,8 +133,9 @@ int main(int argc, char** argv) {
     }
   }
   const kvtier::client::ClientStats& cs = (*client)->stats();
-  std::fprintf(stderr, "trace_replay: over UCX: %llu blocks fetched, %llu stored; %llu endpoint failures\n",
+  std::fprintf(stderr, "trace_replay: over UCX: %llu blocks fetched (%llu by the get lanes), %llu stored; %llu endpoint failures\n",
                static_cast<unsigned long long>(cs.ucx_get_blocks.load()),
+               static_cast<unsigned long long>(cs.ucx_lane_get_blocks.load()),
                static_cast<unsigned long long>(cs.ucx_put_blocks.load()),
                static_cast<unsigned long long>(cs.ucx_endpoint_failures.load()));
   if (json) {

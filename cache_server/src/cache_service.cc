@@ -237,6 +237,32 @@ grpc::Status CacheServiceImpl::Read(grpc::ServerContext* ctx, const v1::ReadRequ
   return Finish("Read", start, status);
 }
 
+grpc::Status CacheServiceImpl::Lease(grpc::ServerContext* ctx, const v1::ReadRequest* req, v1::ReadResponse* resp) {
+  const absl::Time start = absl::Now();
+  auto p = Parse(*ctx, req->namespace_(), req->keys());
+  if (!p.ok()) return Finish("Lease", start, wire::ToGrpc(p.status()));
+  if (p->shadow) {
+    // Never served: every key absent, no lease taken, no access counted.
+    metrics_.CountShadowRead(p->keys.size());
+    for (size_t i = 0; i < p->keys.size(); ++i) resp->add_blocks()->set_present(false);
+    return Finish("Lease", start, grpc::Status::OK);
+  }
+  BlockStore::ReadLease lease = store_.AcquireRead(p->ns, p->keys, absl::Milliseconds(req->lease_ms()));
+  resp->set_lease_id(lease.lease_id);
+  for (const ReadBlockInfo& b : lease.blocks) {
+    v1::BlockStatus* s = resp->add_blocks();
+    s->set_present(b.present);
+    s->set_size_bytes(b.size_bytes);
+    s->set_checksum(b.checksum);
+  }
+  if (ctx->IsCancelled() && lease.lease_id != 0) {  // nobody will use or release it
+    const uint64_t id = lease.lease_id;
+    store_.Release(std::span<const uint64_t>(&id, 1));
+    return Finish("Lease", start, grpc::Status(grpc::StatusCode::CANCELLED, "client went away"));
+  }
+  return Finish("Lease", start, grpc::Status::OK);
+}
+
 grpc::Status CacheServiceImpl::Release(grpc::ServerContext* ctx, const v1::ReleaseRequest* req,
                                        v1::ReleaseResponse* resp) {
   const absl::Time start = absl::Now();

@@ -34,6 +34,7 @@ class CacheServiceImpl final : public v1::CacheService::Service {
   grpc::Status Read(grpc::ServerContext* ctx, const v1::ReadRequest* req,
                     grpc::ServerWriter<v1::ReadResponse>* writer) override;
   grpc::Status Release(grpc::ServerContext* ctx, const v1::ReleaseRequest* req, v1::ReleaseResponse* resp) override;
+  grpc::Status Lease(grpc::ServerContext* ctx, const v1::ReadRequest* req, v1::ReadResponse* resp) override;
 
  private:
   struct Parsed;

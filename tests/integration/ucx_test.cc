@@ -293,6 +293,28 @@ TEST_P(UcxInProcessTest, ConcurrentBatchedGetsEachGetTheirOwnBytes) {
   EXPECT_EQ(Stats(Address()).active_leases(), 0u);
 }
 
+// Over shared memory a batched get is split over the get lanes; one lane and more lanes than blocks
+// give the same bytes, and a bad lane count is refused at Connect.
+TEST_P(UcxInProcessTest, AnyNumberOfGetLanesGivesTheSameBytes) {
+  StartServer();
+  const Namespace ns = NamespaceOfBlockBytes(300 << 10);
+  const auto fps = Fingerprints(ns, 5);
+  for (int lanes : {1, 2, 7}) {
+    auto c = Client::Connect({.members = {Address()}, .transport = "ucx", .ucx_transports = GetParam(),
+                              .ucx_get_lanes = lanes});
+    ASSERT_OK(c);
+    PutThenGetEveryByte(**c, ns, fps);
+    EXPECT_EQ((*c)->stats().ucx_get_blocks.load(), fps.size()) << lanes << " lanes";
+    // The server is in this process: shared memory reaches it with cma, a single-copy lane.
+    EXPECT_EQ((*c)->stats().ucx_lane_get_blocks.load(), GetParam() == "tcp" ? 0u : fps.size()) << lanes << " lanes";
+    EXPECT_EQ((*c)->stats().misses_from_errors.load(), 0u) << lanes << " lanes";
+  }
+  for (int lanes : {0, 65}) {
+    auto c = Client::Connect({.members = {Address()}, .transport = "ucx", .ucx_get_lanes = lanes});
+    EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument) << lanes;
+  }
+}
+
 TEST_P(UcxInProcessTest, ClientWithGrpcTransportMovesNothingOverUcx) {
   StartServer();
   auto c = Connect("grpc");

@@ -186,7 +186,7 @@ struct UcxServer::Impl {
       return ucp_worker_set_am_recv_handler(worker, &hp);
     };
     if (set_handler(msg::kHello, &Impl::OnHello) != UCS_OK || set_handler(msg::kGet, &Impl::OnGet) != UCS_OK ||
-        set_handler(msg::kPut, &Impl::OnPut) != UCS_OK) {
+        set_handler(msg::kPut, &Impl::OnPut) != UCS_OK || set_handler(msg::kRelease, &Impl::OnRelease) != UCS_OK) {
       return absl::UnavailableError("ucp_worker_set_am_recv_handler failed");
     }
 
@@ -411,6 +411,17 @@ struct UcxServer::Impl {
     if (ep == 0) return UCS_OK;
     auto req = msg::DecodeGetRequest({static_cast<const std::byte*>(data), length});
     if (req.has_value() && !req->indices.empty()) self->StartGet(ep, *req);
+    return UCS_OK;
+  }
+
+  // A client that split a lease's blocks over several kGet requests (get lanes) is done with it.
+  static ucs_status_t OnRelease(void* arg, const void*, size_t, void* data, size_t length,
+                                const ucp_am_recv_param_t* param) {
+    auto* self = static_cast<Impl*>(arg);
+    const EpId ep = Sender(self, data, param);
+    if (ep == 0) return UCS_OK;
+    auto req = msg::DecodeRelease({static_cast<const std::byte*>(data), length});
+    if (req.has_value()) self->store->Release(std::span<const uint64_t>(&req->lease_id, 1));
     return UCS_OK;
   }
 

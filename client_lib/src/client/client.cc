@@ -108,6 +108,9 @@ absl::Status ClientOptions::Validate() const {
   if (ucx_reconnect_backoff < absl::ZeroDuration()) {
     return absl::InvalidArgumentError("ucx_reconnect_backoff: must be >= 0");
   }
+  if (ucx_get_lanes < 1 || ucx_get_lanes > 64) {
+    return absl::InvalidArgumentError(absl::StrCat("ucx_get_lanes: ", ucx_get_lanes, " is not in [1, 64]"));
+  }
   return ValidateReplication(*this);
 }
 
@@ -285,7 +288,7 @@ class Client::Impl {
   UcxClient* Ucx() {
     std::lock_guard<std::mutex> lock(ucx_mu);
     if (ucx == nullptr && !ucx_failed) {
-      auto created = UcxClient::Create(options.ucx_transports);
+      auto created = UcxClient::Create(options.ucx_transports, options.ucx_get_lanes);
       if (created.ok()) {
         ucx = std::move(created).value();
       } else {
@@ -362,7 +365,7 @@ class Client::Impl {
     (void)member.cache->Release(&ctx, req, &resp);
   }
 
-  // Get of one owner's batch over UCX: a status-only Read takes the lease over gRPC, then the server
+  // Get of one owner's batch over UCX: a unary Lease takes the lease over gRPC, then the server
   // sends the present blocks straight into `buffers` and releases the lease.
   void GetOverUcx(Member& member, UcxClient::EndpointId endpoint, const v1::Namespace& pns,
                   std::span<const BlockKey> keys, std::span<const uint32_t> idx, uint64_t block_bytes,
@@ -371,16 +374,12 @@ class Client::Impl {
     v1::ReadRequest req;
     *req.mutable_namespace_() = pns;
     wire::EncodeKeys(keys, req.mutable_keys());
-    req.set_status_only(true);
     v1::ReadResponse head;
     bool got = false;
     {
       grpc::ClientContext ctx;
       ctx.set_deadline(absl::ToChronoTime(deadline));
-      auto reader = member.cache->Read(&ctx, req);
-      got = reader->Read(&head) && static_cast<size_t>(head.blocks_size()) == idx.size();
-      if (!got) ctx.TryCancel();
-      got = reader->Finish().ok() && got;
+      got = member.cache->Lease(&ctx, req, &head).ok() && static_cast<size_t>(head.blocks_size()) == idx.size();
     }
     if (!got) {
       stats.rpc_errors.fetch_add(1, std::memory_order_relaxed);
@@ -411,7 +410,8 @@ class Client::Impl {
       ReleaseLease(member, head.lease_id());
       return;
     }
-    // Each block's checksum is verified as soon as it lands, while the next ones are still moving.
+    // Each block's checksum is verified as soon as it lands, while the next ones are still moving (from a
+    // member on this node, on the get lane that received it: several j at once).
     std::vector<uint8_t> verified(indices.size(), 0);
     auto verify = [&](size_t j) {
       const size_t k = positions[j];
@@ -433,6 +433,7 @@ class Client::Impl {
       if (verified[j] == 0) verify(j);
     }
     stats.ucx_get_blocks.fetch_add(arrived, std::memory_order_relaxed);
+    if (r.on_lanes) stats.ucx_lane_get_blocks.fetch_add(arrived, std::memory_order_relaxed);
     if (r.endpoint_failed) {
       stats.rpc_errors.fetch_add(1, std::memory_order_relaxed);
       UcxEndpointFailed(member, endpoint);

@@ -7,9 +7,14 @@
 #include <unistd.h>
 
 #include <ucp/api/ucp.h>
+#include <ucs/debug/log_def.h>
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
+#include <cstdarg>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <functional>
@@ -17,6 +22,7 @@
 #include <thread>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "kvtier/wire/ucx_messages.h"
@@ -55,12 +61,88 @@ absl::StatusOr<sockaddr_storage> ResolveIpv4(const std::string& host_port) {
   return ss;
 }
 
+// UCX 1.13 treats a failed cma copy (process_vm_readv) on an endpoint without peer failure handling as
+// fatal and aborts the process. Endpoints here run in that mode (see UcxClient), and the copy fails
+// exactly when a server process on this node dies mid-transfer, so an inference worker would die with
+// its cache server. This handler, pushed once per process, turns that one message into a line on
+// stderr; uct_cma_ep_tx then returns its error and the transfer completes with an error, which the
+// client treats like any failed endpoint (a miss from error, a reconnect after the backoff).
+// Every other UCX message goes on to UCX's own handlers.
+std::atomic<uint64_t> g_cma_failures{0};
+
+ucs_log_func_rc_t OnUcxLog(const char* file, unsigned line, const char* function, ucs_log_level_t level,
+                           const ucs_log_component_config_t* comp_conf, const char* message, va_list ap) {
+  (void)line;
+  (void)function;
+  (void)comp_conf;
+  if (level != UCS_LOG_LEVEL_FATAL || file == nullptr || std::strstr(file, "cma_ep.c") == nullptr) {
+    return UCS_LOG_FUNC_RC_CONTINUE;
+  }
+  char text[512];
+  va_list copy;
+  va_copy(copy, ap);
+  std::vsnprintf(text, sizeof(text), message, copy);
+  va_end(copy);
+  if (g_cma_failures.fetch_add(1, std::memory_order_relaxed) < 16) {
+    std::fprintf(stderr, "kvtier: UCX single-copy read from a local server failed (the server process went away?): %s\n",
+                 text);
+  }
+  return UCS_LOG_FUNC_RC_STOP;
+}
+
+void InstallUcxLogHandler() {
+  static std::once_flag once;
+  std::call_once(once, [] { ucs_log_push_handler(&OnUcxLog); });
+}
+
+// Single-copy transports: the receiver of a rendezvous reads the sender's buffer itself (its kernel, or
+// a mapping), on the receiving thread.
+constexpr const char* kSingleCopyTransports[] = {"cma", "knem", "xpmem"};
+
+// Whether `ep`'s rendezvous (RMA bandwidth) lanes include a single-copy transport, i.e. the server is on
+// this node and a received block is copied by the thread that receives it. UCX 1.13 has no query for an
+// endpoint's transports, so this reads ucp_ep_print_info's lane table, whose rows look like
+// "lane[1]:  3:cma/memory.0 md[3] -> addr[4].md[3]/cma/sysdev[255] rma_bw#0". Anything it cannot parse
+// counts as no, which keeps a Get on the progress thread (correct, only slower).
+bool HasSingleCopyLane(ucp_ep_h ep) {
+  char* text = nullptr;
+  size_t size = 0;
+  FILE* f = open_memstream(&text, &size);
+  if (f == nullptr) return false;
+  ucp_ep_print_info(ep, f);
+  std::fclose(f);
+  const std::string info(text, size);
+  std::free(text);
+  bool native = false;
+  size_t line_start = 0;
+  while (line_start < info.size() && !native) {
+    size_t line_end = info.find('\n', line_start);
+    if (line_end == std::string::npos) line_end = info.size();
+    const std::string_view line(info.data() + line_start, line_end - line_start);
+    line_start = line_end + 1;
+    const size_t lane = line.find("lane[");
+    if (lane == std::string_view::npos || line.find("rma_bw") == std::string_view::npos) continue;
+    const size_t colon = line.find("]:", lane);
+    if (colon == std::string_view::npos) continue;
+    size_t i = colon + 2;
+    while (i < line.size() && (line[i] == ' ' || (line[i] >= '0' && line[i] <= '9'))) ++i;
+    if (i >= line.size() || line[i] != ':') continue;
+    const size_t slash = line.find('/', i + 1);
+    if (slash == std::string_view::npos) continue;
+    const std::string_view transport = line.substr(i + 1, slash - i - 1);
+    for (const char* t : kSingleCopyTransports) native |= transport == t;
+  }
+  return native;
+}
+
 // One caller's transfer (or hello). Fields under mu are shared with the progress thread; `requests` is
 // touched by the progress thread only.
 struct Transfer {
   std::mutex mu;
   std::condition_variable cv;
   size_t remaining = 0;                // guarded by mu: completions still expected
+  uint64_t endpoint = 0;               // a hello's endpoint
+  bool single_copy = false;            // guarded by mu: the hello's endpoint has a single-copy lane
   std::vector<ItemStatus> items;       // guarded by mu
   std::vector<uint8_t> put_ok;         // guarded by mu: the server's kPutDone
   bool put_done = false;               // guarded by mu
@@ -74,6 +156,287 @@ struct Transfer {
     --remaining;
     cv.notify_all();  // also wakes a caller that consumes arrivals one by one
   }
+};
+
+// One Get split over lanes: what the caller waits for. Buffers and on_arrival are borrowed (the caller
+// waits until remaining is 0).
+struct LaneGroup {
+  std::mutex mu;
+  std::condition_variable cv;
+  size_t remaining = 0;           // guarded by mu: lanes still working
+  std::vector<ItemStatus> items;  // item j is written by the one lane that has j, before it counts down
+  const std::function<void(size_t)>* on_arrival = nullptr;
+
+  void LaneDone() {
+    std::lock_guard<std::mutex> lock(mu);
+    if (--remaining == 0) cv.notify_all();
+  }
+};
+
+// One lane's share of a Get.
+struct LaneGet {
+  std::shared_ptr<LaneGroup> group;
+  UcxClient::EndpointId endpoint = 0;  // the main endpoint: names the server
+  std::string host_port;               // its UCX listener
+  uint64_t lease_id = 0;
+  absl::Time deadline;
+  std::vector<uint32_t> slots;         // items j of the group
+  std::vector<uint32_t> indices;       // their lease indices
+  std::vector<std::span<std::byte>> buffers;
+};
+
+// A get lane: a thread with its own UCX worker and its own endpoint to each server, receiving its share
+// of Gets (kvtier/wire/ucx_messages.h kGet) and running on_arrival on each block right after it landed.
+// Thread-safety: Post and Forget from any thread.
+class GetLane {
+ public:
+  // Errors: Unavailable (no worker).
+  static absl::StatusOr<std::unique_ptr<GetLane>> Start(ucp_context_h context) {
+    auto lane = std::unique_ptr<GetLane>(new GetLane());
+    ucp_worker_params_t wp{};
+    wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+    wp.thread_mode = UCS_THREAD_MODE_SINGLE;  // only the lane's thread calls UCX on it
+    if (ucs_status_t st = ucp_worker_create(context, &wp, &lane->worker_); st != UCS_OK) {
+      return absl::UnavailableError(absl::StrCat("ucp_worker_create: ", ucs_status_string(st)));
+    }
+    if (ucs_status_t st = ucp_worker_get_efd(lane->worker_, &lane->worker_fd_); st != UCS_OK) {
+      return absl::UnavailableError(absl::StrCat("ucp_worker_get_efd: ", ucs_status_string(st)));
+    }
+    lane->thread_ = std::thread([l = lane.get()] { l->Run(); });
+    return lane;
+  }
+
+  ~GetLane() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    if (thread_.joinable()) thread_.join();
+    std::vector<UcxClient::EndpointId> ids;
+    for (const auto& [id, ep] : eps_) ids.push_back(id);
+    for (auto id : ids) CloseEndpoint(id);
+    if (worker_ != nullptr) ucp_worker_destroy(worker_);
+  }
+
+  void Post(std::shared_ptr<LaneGet> get) {
+    Enqueue([this, get = std::move(get)] {
+      Work(*get);
+      get->group->LaneDone();
+    });
+  }
+  // Closes this lane's endpoint to the server of `endpoint`, if any.
+  void Forget(UcxClient::EndpointId endpoint) {
+    Enqueue([this, endpoint] { CloseEndpoint(endpoint); });
+  }
+
+  uint64_t abandoned() const { return abandoned_.load(std::memory_order_relaxed); }
+
+ private:
+  // One receive; heap-allocated, since an abandoned receive may complete after its Get returned.
+  struct Recv {
+    GetLane* lane = nullptr;
+    size_t k = 0;  // position in the LaneGet
+    uint64_t expected = 0;
+    void* request = nullptr;
+    bool done = false;
+    ItemStatus status = ItemStatus::kError;
+  };
+
+  GetLane() = default;
+
+  void Enqueue(std::function<void()> fn) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      queue_.push_back(std::move(fn));
+    }
+    cv_.notify_one();
+  }
+
+  void Run() {
+    for (;;) {
+      std::function<void()> fn;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+        if (queue_.empty()) return;  // stopping
+        fn = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      fn();
+    }
+  }
+
+  static void OnRecv(void* request, ucs_status_t status, const ucp_tag_recv_info_t* info, void* user_data) {
+    auto* r = static_cast<Recv*>(user_data);
+    ucp_request_free(request);
+    r->request = nullptr;
+    r->done = true;
+    if (status == UCS_OK && info != nullptr) {
+      if (info->length == r->expected) {
+        r->status = ItemStatus::kOk;
+      } else if (info->length == 0) {
+        r->status = ItemStatus::kUnavailable;  // the server could not send this block
+      }
+    }
+    if (r->lane->abandoned_recvs_.erase(r) > 0) delete r;  // its Get gave up on it earlier
+  }
+
+  void Work(LaneGet& g) {
+    LaneGroup& group = *g.group;
+    ucp_ep_h ep = absl::Now() < g.deadline ? EndpointFor(g) : nullptr;
+    if (ep == nullptr) return;  // every item stays kError
+    const size_t n = g.indices.size();
+    const uint64_t tag_base = next_tag_;
+    next_tag_ += n;
+    std::vector<Recv*> recvs(n, nullptr);
+    size_t pending = 0;
+    for (size_t k = 0; k < n; ++k) {
+      auto* r = new Recv{.lane = this, .k = k, .expected = g.buffers[k].size()};
+      ucp_request_param_t p{};
+      p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
+      p.cb.recv = &GetLane::OnRecv;
+      p.user_data = r;
+      ucs_status_ptr_t q = ucp_tag_recv_nbx(worker_, g.buffers[k].data(), g.buffers[k].size(), tag_base + k, kFullMask, &p);
+      if (UCS_PTR_IS_PTR(q)) {
+        r->request = q;
+        recvs[k] = r;
+        ++pending;
+      } else {
+        delete r;
+      }
+    }
+    msg::GetRequest req{.request_id = tag_base, .lease_id = g.lease_id, .tag_base = tag_base, .flags = 0,
+                        .indices = g.indices};
+    bool sent = pending == n && SendGet(ep, msg::Encode(req));
+    // Progress until every receive completed; check each block as soon as it is in.
+    std::vector<uint8_t> seen(n, 0);
+    auto settle = [&] {
+      for (size_t k = 0; k < n; ++k) {
+        Recv* r = recvs[k];
+        if (r == nullptr || !r->done || seen[k] != 0) continue;
+        seen[k] = 1;
+        --pending;
+        const uint32_t j = g.slots[k];
+        if (r->status == ItemStatus::kOk && group.on_arrival != nullptr && *group.on_arrival && absl::Now() < g.deadline) {
+          (*group.on_arrival)(j);
+        }
+        group.items[j] = r->status;
+      }
+    };
+    // Spin a little, then sleep until UCX has something: a lane that spun while waiting for the server
+    // would take a core from the server's sender on a small machine.
+    int idle = 0;
+    for (absl::Time now = absl::Now(); sent && pending > 0 && now < g.deadline; now = absl::Now()) {
+      if (ucp_worker_progress(worker_) != 0) {
+        settle();
+        idle = 0;
+        continue;
+      }
+      if (++idle < kIdleSpins) continue;
+      idle = 0;
+      if (ucp_worker_arm(worker_) == UCS_ERR_BUSY) continue;
+      pollfd fd = {.fd = worker_fd_, .events = POLLIN, .revents = 0};
+      poll(&fd, 1, static_cast<int>(std::clamp<int64_t>(absl::ToInt64Milliseconds(g.deadline - now) + 1, 1, 100)));
+    }
+    settle();
+    if (pending == 0) {
+      for (Recv* r : recvs) delete r;
+      return;
+    }
+    // Past the deadline (or the request could not go out): cancel what is unmatched, then force-close
+    // the endpoint, which completes the rest; only then may the caller's buffers be given back.
+    for (Recv* r : recvs) {
+      if (r != nullptr && !r->done) ucp_request_cancel(worker_, r->request);
+    }
+    const absl::Time cancel_until = absl::Now() + kCancelGrace;
+    while (pending > 0 && absl::Now() < cancel_until) {
+      ucp_worker_progress(worker_);
+      for (size_t k = 0; k < n; ++k) pending -= recvs[k] != nullptr && recvs[k]->done && seen[k]++ == 0;
+    }
+    if (pending > 0) {
+      CloseEndpoint(g.endpoint);
+      const absl::Time close_until = absl::Now() + kCloseGrace;
+      while (pending > 0 && absl::Now() < close_until) {
+        ucp_worker_progress(worker_);
+        for (size_t k = 0; k < n; ++k) pending -= recvs[k] != nullptr && recvs[k]->done && seen[k]++ == 0;
+      }
+    }
+    for (size_t k = 0; k < n; ++k) {
+      Recv* r = recvs[k];
+      if (r == nullptr) continue;
+      if (r->done) {
+        delete r;
+      } else {
+        abandoned_recvs_.insert(r);  // freed by its callback, if UCX ever completes it
+        abandoned_.fetch_add(1, std::memory_order_relaxed);
+      }
+      group.items[g.slots[k]] = ItemStatus::kError;  // too late: not counted, whatever arrived
+    }
+    CloseEndpoint(g.endpoint);  // no longer trusted
+  }
+
+  bool SendGet(ucp_ep_h ep, std::string payload) {
+    auto* buf = new std::string(std::move(payload));
+    ucp_request_param_t p{};
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
+    p.cb.send = [](void* request, ucs_status_t, void* user_data) {
+      delete static_cast<std::string*>(user_data);
+      ucp_request_free(request);
+    };
+    p.user_data = buf;
+    p.flags = UCP_AM_SEND_FLAG_EAGER | UCP_AM_SEND_FLAG_REPLY;
+    ucs_status_ptr_t r = ucp_am_send_nbx(ep, msg::kGet, nullptr, 0, buf->data(), buf->size(), &p);
+    if (UCS_PTR_IS_PTR(r)) return true;
+    delete buf;
+    return UCS_PTR_STATUS(r) == UCS_OK;
+  }
+
+  // This lane's endpoint to the server of g.endpoint, connected through its listener like the main one.
+  ucp_ep_h EndpointFor(const LaneGet& g) {
+    if (auto it = eps_.find(g.endpoint); it != eps_.end()) return it->second;
+    auto addr = ResolveIpv4(g.host_port);
+    if (!addr.ok()) return nullptr;
+    ucp_ep_params_t p{};
+    p.field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
+    p.flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER;
+    p.sockaddr.addr = reinterpret_cast<const sockaddr*>(&*addr);
+    p.sockaddr.addrlen = sizeof(sockaddr_in);
+    p.err_mode = UCP_ERR_HANDLING_MODE_NONE;  // as the main endpoint (UcxClient's class comment)
+    ucp_ep_h ep = nullptr;
+    if (ucp_ep_create(worker_, &p, &ep) != UCS_OK) return nullptr;
+    eps_[g.endpoint] = ep;
+    return ep;
+  }
+
+  void CloseEndpoint(UcxClient::EndpointId id) {
+    auto it = eps_.find(id);
+    if (it == eps_.end()) return;
+    ucp_ep_h ep = it->second;
+    eps_.erase(it);
+    ucp_request_param_t p{};
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    p.flags = UCP_EP_CLOSE_FLAG_FORCE;
+    ucs_status_ptr_t r = ucp_ep_close_nbx(ep, &p);
+    if (UCS_PTR_IS_PTR(r)) {
+      const absl::Time until = absl::Now() + kCloseGrace;
+      while (ucp_request_check_status(r) == UCS_INPROGRESS && absl::Now() < until) ucp_worker_progress(worker_);
+      ucp_request_free(r);
+    }
+  }
+
+  ucp_worker_h worker_ = nullptr;
+  int worker_fd_ = -1;  // owned by the worker
+  std::thread thread_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> queue_;  // guarded by mu_
+  bool stop_ = false;                        // guarded by mu_
+  std::atomic<uint64_t> abandoned_{0};
+  // The lane's thread only (and the destructor, after it stopped).
+  uint64_t next_tag_ = 1;
+  absl::flat_hash_map<UcxClient::EndpointId, ucp_ep_h> eps_;
+  absl::flat_hash_set<Recv*> abandoned_recvs_;
 };
 
 }  // namespace
@@ -103,6 +466,15 @@ struct UcxClient::Impl {
   std::deque<std::function<void()>> queue;  // guarded by queue_mu
   std::atomic<bool> queued{false};
 
+  // Get lanes.
+  int get_lanes = 2;
+  std::mutex lanes_mu;
+  std::vector<std::unique_ptr<GetLane>> lanes;                  // guarded by lanes_mu; started on first need
+  bool lanes_failed = false;                                    // guarded by lanes_mu
+  // guarded by lanes_mu: the listener (host:port) of each endpoint with a single-copy lane, whose Gets
+  // are split over the lanes
+  absl::flat_hash_map<EndpointId, std::string> listener_of;
+
   // Progress thread only.
   absl::flat_hash_map<EndpointId, Endpoint> endpoints;
   absl::flat_hash_map<ucp_ep_h, EndpointId> endpoint_ids;
@@ -124,7 +496,7 @@ struct UcxClient::Impl {
     ucp_params_t params{};
     params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
     params.features = UCP_FEATURE_TAG | UCP_FEATURE_AM | UCP_FEATURE_WAKEUP;
-    params.mt_workers_shared = 0;
+    params.mt_workers_shared = 1;  // the progress thread's worker and the get lanes' workers
     ucs_status_t st = ucp_init(&params, config, &context);
     ucp_config_release(config);
     if (st != UCS_OK) return absl::UnavailableError(absl::StrCat("ucp_init: ", ucs_status_string(st)));
@@ -158,6 +530,10 @@ struct UcxClient::Impl {
 
   // The progress thread has stopped (or never started).
   void Destroy() {
+    {
+      std::lock_guard<std::mutex> lock(lanes_mu);
+      lanes.clear();  // joins their threads and closes their endpoints
+    }
     if (worker != nullptr) {
       for (auto& [id, e] : endpoints) CloseLocked(e.ep);
       const absl::Time until = absl::Now() + kCloseGrace;
@@ -296,6 +672,9 @@ struct UcxClient::Impl {
     self->pending_hello.erase(it);
     std::unique_lock<std::mutex> lock(t->mu);
     t->node_id = reply->version == msg::kProtocolVersion ? reply->node_id : "";
+    if (auto ep = self->endpoints.find(t->endpoint); ep != self->endpoints.end()) {
+      t->single_copy = HasSingleCopyLane(ep->second.ep);  // wired up: the hello went out on it
+    }
     t->failed = reply->version != msg::kProtocolVersion;
     t->Done(lock);
     return UCS_OK;
@@ -420,8 +799,10 @@ UcxClient::~UcxClient() {
   impl_->Destroy();
 }
 
-absl::StatusOr<std::unique_ptr<UcxClient>> UcxClient::Create(const std::string& transports) {
+absl::StatusOr<std::unique_ptr<UcxClient>> UcxClient::Create(const std::string& transports, int get_lanes) {
+  InstallUcxLogHandler();
   auto impl = std::make_unique<Impl>();
+  impl->get_lanes = std::max(1, get_lanes);
   if (absl::Status s = impl->Init(transports); !s.ok()) {
     impl->Destroy();
     return s;
@@ -431,7 +812,12 @@ absl::StatusOr<std::unique_ptr<UcxClient>> UcxClient::Create(const std::string& 
   return std::unique_ptr<UcxClient>(new UcxClient(std::move(impl)));
 }
 
-uint64_t UcxClient::abandoned_requests() const { return impl_->abandoned.load(std::memory_order_relaxed); }
+uint64_t UcxClient::abandoned_requests() const {
+  uint64_t n = impl_->abandoned.load(std::memory_order_relaxed);
+  std::lock_guard<std::mutex> lock(impl_->lanes_mu);
+  for (const auto& lane : impl_->lanes) n += lane->abandoned();
+  return n;
+}
 
 absl::StatusOr<UcxClient::Connection> UcxClient::Connect(const std::string& host_port, absl::Time deadline) {
   auto addr = ResolveIpv4(host_port);
@@ -441,6 +827,7 @@ absl::StatusOr<UcxClient::Connection> UcxClient::Connect(const std::string& host
   const uint64_t nonce = im.next_id.fetch_add(1);
   auto t = std::make_shared<Transfer>();
   t->remaining = 1;
+  t->endpoint = id;
   im.Enqueue([&im, t, id, nonce, addr = *addr] {
     ucp_ep_params_t p{};
     p.field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
@@ -475,11 +862,21 @@ absl::StatusOr<UcxClient::Connection> UcxClient::Connect(const std::string& host
     return in_time ? absl::UnavailableError(absl::StrCat("UCX hello to ", host_port, " failed"))
                    : absl::DeadlineExceededError(absl::StrCat("UCX hello to ", host_port, " timed out"));
   }
+  {
+    std::lock_guard<std::mutex> lanes_lock(im.lanes_mu);
+    if (t->single_copy) im.listener_of[id] = host_port;
+  }
   return Connection{.endpoint = id, .node_id = t->node_id};
 }
 
 void UcxClient::Close(EndpointId endpoint) {
-  impl_->Enqueue([im = impl_.get(), endpoint] { im->CloseEndpoint(endpoint); });
+  Impl& im = *impl_;
+  {
+    std::lock_guard<std::mutex> lock(im.lanes_mu);
+    im.listener_of.erase(endpoint);
+    for (auto& lane : im.lanes) lane->Forget(endpoint);
+  }
+  im.Enqueue([p = impl_.get(), endpoint] { p->CloseEndpoint(endpoint); });
 }
 
 UcxClient::TransferResult UcxClient::Get(EndpointId endpoint, uint64_t lease_id, bool release,
@@ -491,6 +888,65 @@ UcxClient::TransferResult UcxClient::Get(EndpointId endpoint, uint64_t lease_id,
   TransferResult result;
   result.items.assign(n, ItemStatus::kError);
   if (n == 0) return result;
+  bool use_lanes = false;
+  if (n > 1) {
+    std::lock_guard<std::mutex> lock(im.lanes_mu);
+    use_lanes = im.listener_of.contains(endpoint);
+  }
+  if (use_lanes) {
+    // Split over the lanes: lane l takes items l, l + L, l + 2L, ...
+    auto group = std::make_shared<LaneGroup>();
+    group->items.assign(n, ItemStatus::kError);
+    group->on_arrival = &on_arrival;
+    {
+      std::lock_guard<std::mutex> lock(im.lanes_mu);
+      if (im.lanes.empty() && !im.lanes_failed) {
+        for (int i = 0; i < im.get_lanes; ++i) {
+          auto lane = GetLane::Start(im.context);
+          if (!lane.ok()) break;
+          im.lanes.push_back(std::move(lane).value());
+        }
+        im.lanes_failed = im.lanes.empty();
+      }
+      auto listener = im.listener_of.find(endpoint);
+      if (listener == im.listener_of.end() || im.lanes.empty()) {
+        result.endpoint_failed = true;
+        return result;
+      }
+      const size_t lanes = std::min(im.lanes.size(), n);
+      group->remaining = lanes;
+      for (size_t l = 0; l < lanes; ++l) {
+        auto get = std::make_shared<LaneGet>();
+        get->group = group;
+        get->endpoint = endpoint;
+        get->host_port = listener->second;
+        get->lease_id = lease_id;
+        get->deadline = deadline;
+        for (size_t j = l; j < n; j += lanes) {
+          get->slots.push_back(static_cast<uint32_t>(j));
+          get->indices.push_back(indices[j]);
+          get->buffers.push_back(buffers[j]);
+        }
+        im.lanes[l]->Post(std::move(get));
+      }
+    }
+    {
+      std::unique_lock<std::mutex> lock(group->mu);
+      group->cv.wait(lock, [&] { return group->remaining == 0; });  // lanes end by the deadline and grace
+    }
+    result.items = group->items;
+    result.on_lanes = true;
+    for (ItemStatus s : result.items) result.endpoint_failed |= s == ItemStatus::kError;
+    if (release && !result.endpoint_failed) {
+      im.Enqueue([p = impl_.get(), endpoint, lease_id] {
+        auto it = p->endpoints.find(endpoint);
+        if (it != p->endpoints.end() && !it->second.failed) {
+          (void)p->SendAm(it->second.ep, msg::kRelease, msg::Encode(msg::Release{.lease_id = lease_id}));
+        }
+      });
+    }
+    return result;
+  }
   auto t = std::make_shared<Transfer>();
   t->remaining = n;
   t->items.assign(n, ItemStatus::kError);

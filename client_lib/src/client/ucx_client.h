@@ -33,9 +33,11 @@ class UcxClient {
  public:
   using EndpointId = uint64_t;
 
-  // `transports`: UCX_TLS of this context ("" = UCX's default, from the environment).
+  // `transports`: UCX_TLS of this context ("" = UCX's default, from the environment). `get_lanes`: how
+  // many threads receive the blocks of one Get side by side (see Get); at least 1. They start on the
+  // first Get of more than one block.
   // Errors: Unavailable (UCX could not start).
-  static absl::StatusOr<std::unique_ptr<UcxClient>> Create(const std::string& transports);
+  static absl::StatusOr<std::unique_ptr<UcxClient>> Create(const std::string& transports, int get_lanes = 2);
   ~UcxClient();
 
   // Connects to the UCX listener at host:port and completes a hello round trip before `deadline`.
@@ -52,13 +54,25 @@ class UcxClient {
   struct TransferResult {
     std::vector<ItemStatus> items;  // per item: kUnavailable = the server could not send or store it
     bool endpoint_failed = false;   // an error or the deadline: the endpoint is no longer trusted
+    bool on_lanes = false;          // Get: the blocks went to the get lanes (a server on this node)
   };
 
   // Asks the server to send block `indices[j]` of lease `lease_id` into `buffers[j]` (borrowed until
   // return) and waits until every block arrived or `deadline`. A block counts as kOk only with exactly
-  // buffers[j].size() bytes. release: the server releases the lease after its last send.
-  // on_arrival(j), if set, runs on the calling thread as soon as block j arrived (kOk) while others are
-  // still in flight, e.g. to verify its checksum; not for blocks that arrive after the deadline.
+  // buffers[j].size() bytes. release: the server releases the lease after its last send (after a Get
+  // that failed it may not have: release it over gRPC).
+  // on_arrival(j), if set, runs as soon as block j arrived (kOk), while others are still in flight, e.g.
+  // to verify its checksum; not for blocks that arrive after the deadline.
+  // Lanes: a Get of more than one block from a server on this node (the endpoint has a single-copy
+  // rendezvous lane: cma, knem or xpmem) is split over the get lanes, threads that each have their own
+  // UCX worker and their own endpoint to the server (connected on first use) and ask for their share
+  // with their own kGet. Each lane receives its blocks (over cma the receiver's kernel does the copy, on
+  // that lane's thread) and runs on_arrival on each right after, while it is in that core's cache; so
+  // the copies and checks of one Get run on several cores, and on_arrival may run for different j at
+  // once, on lane threads (it must be thread-safe across j). With release the client then sends the
+  // server a kRelease. Any other Get runs on the progress thread and on_arrival on the caller's thread:
+  // over tcp the copies are the kernels' socket copies on both sides, and two lanes over loopback tcp
+  // made a 2 MiB x 8 get slower on 2 cores (4.15 -> 2.55 GB/s), competing with the server's sender.
   TransferResult Get(EndpointId endpoint, uint64_t lease_id, bool release, std::span<const uint32_t> indices,
                      std::span<const std::span<std::byte>> buffers, absl::Time deadline,
                      const std::function<void(size_t)>& on_arrival = {});

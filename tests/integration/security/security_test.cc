@@ -249,6 +249,15 @@ TEST_F(SecurityTest, TenantBCannotReadOverwriteOrEvictTenantABlocksEvenKnowingTh
     EXPECT_FALSE(reader->Read(&msg));
     EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::PERMISSION_DENIED);
   }
+  {  // The UCX data plane's lease: the same check.
+    grpc::ClientContext ctx;
+    v1::ReadRequest req;
+    *req.mutable_namespace_() = pa;
+    *req.mutable_keys() = keys;
+    v1::ReadResponse resp;
+    EXPECT_EQ(cache_b->Lease(&ctx, req, &resp).error_code(), grpc::StatusCode::PERMISSION_DENIED);
+    EXPECT_EQ(resp.lease_id(), 0u);
+  }
   {
     grpc::ClientContext ctx;
     v1::AllocateRequest req;
@@ -278,6 +287,17 @@ TEST_F(SecurityTest, TenantBCannotReadOverwriteOrEvictTenantABlocksEvenKnowingTh
     for (const auto& block : msg.blocks()) EXPECT_FALSE(block.present());
     while (reader->Read(&msg)) ADD_FAILURE() << "bytes of another tenant's block were streamed";
     EXPECT_TRUE(reader->Finish().ok());
+  }
+  {  // Nor can B lease them under its own namespace.
+    grpc::ClientContext ctx;
+    v1::ReadRequest req;
+    *req.mutable_namespace_() = pb;
+    *req.mutable_keys() = keys;
+    v1::ReadResponse resp;
+    ASSERT_TRUE(cache_b->Lease(&ctx, req, &resp).ok());
+    ASSERT_EQ(resp.blocks_size(), static_cast<int>(fa->size()));
+    for (const auto& block : resp.blocks()) EXPECT_FALSE(block.present());
+    EXPECT_EQ(resp.lease_id(), 0u);
   }
   {
     grpc::ClientContext ctx;

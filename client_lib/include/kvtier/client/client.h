@@ -80,6 +80,11 @@ struct ClientOptions {
   // After a UCX endpoint failed (error or missed deadline), the next call at least this much later
   // reconnects; calls meanwhile use gRPC bytes ("auto") or fail ("ucx"). Default 1 s.
   absl::Duration ucx_reconnect_backoff = absl::Seconds(1);
+  // Threads that receive the blocks of one UCX get from a member on this node side by side, each with its
+  // own UCX worker and endpoint per member, checking each block's checksum right after it landed, while
+  // it is in that core's cache (docs/architecture.md "UCX data plane"). Default 2: the copies (cma, done
+  // by the receiver's kernel) and the checks of a batch then run on two cores. At least 1, at most 64.
+  int ucx_get_lanes = 2;
 
   // Security of the gRPC channels (docs/config.md "Client options", docs/architecture.md "Security").
   // TLS when tls_ca_file is set: PEM CA certificate(s) that sign the servers' certificates. "" (default):
@@ -209,6 +214,7 @@ struct ClientStats {
   std::atomic<uint64_t> rpc_errors{0};            // RPCs that failed (each may cover many blocks)
   std::atomic<uint64_t> checksum_failures{0};     // blocks whose bytes failed verification
   std::atomic<uint64_t> ucx_get_blocks{0};        // blocks that arrived intact over UCX
+  std::atomic<uint64_t> ucx_lane_get_blocks{0};   // of those, blocks the get lanes received (ucx_get_lanes)
   std::atomic<uint64_t> ucx_put_blocks{0};        // blocks whose bytes the server took over UCX
   std::atomic<uint64_t> ucx_endpoint_failures{0}; // UCX endpoints dropped after an error or a missed deadline
   std::atomic<uint64_t> ucx_connects{0};          // UCX endpoints established (the first and reconnects)

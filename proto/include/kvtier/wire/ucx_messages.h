@@ -16,6 +16,8 @@
 //                 tag PutTag(reservation_id, index); the client sends the block's bytes with that tag.
 //   kPutDone    server -> client  {request_id u64, n u32, ok u8 x n}: every receive of the request finished
 //                 (ok = all bytes arrived); the client commits over gRPC only after it.
+//   kRelease    client -> server  {lease_id u64}: release the lease (a client that split one lease's
+//                 blocks over several kGet requests, on several endpoints, sends it after the last).
 #ifndef KVTIER_WIRE_UCX_MESSAGES_H_
 #define KVTIER_WIRE_UCX_MESSAGES_H_
 
@@ -35,7 +37,7 @@ static_assert(std::endian::native == std::endian::little, "the UCX messages are 
 inline constexpr uint32_t kProtocolVersion = 1;
 
 // Active message ids (ucp_worker_set_am_recv_handler).
-enum AmId : uint16_t { kHello = 1, kHelloReply = 2, kGet = 3, kPut = 4, kPutDone = 5 };
+enum AmId : uint16_t { kHello = 1, kHelloReply = 2, kGet = 3, kPut = 4, kPutDone = 5, kRelease = 6 };
 
 inline constexpr uint32_t kGetRelease = 1;  // kGet flag: release the lease after the last send
 
@@ -70,6 +72,9 @@ struct PutRequest {
   uint64_t request_id = 0;
   uint64_t reservation_id = 0;
   std::vector<uint32_t> indices;
+};
+struct Release {
+  uint64_t lease_id = 0;
 };
 struct PutDone {
   uint64_t request_id = 0;
@@ -151,6 +156,11 @@ inline std::string Encode(const PutRequest& m) {
   w.Bytes(m.indices.data(), m.indices.size() * sizeof(uint32_t));
   return w.Take();
 }
+inline std::string Encode(const Release& m) {
+  internal::Writer w;
+  w.Put(m.lease_id);
+  return w.Take();
+}
 inline std::string Encode(const PutDone& m) {
   internal::Writer w;
   w.Put(m.request_id);
@@ -205,6 +215,13 @@ inline std::optional<PutDone> DecodePutDone(std::span<const std::byte> in) {
   if (!r.Get(m.request_id) || !r.Get(n) || n != r.left()) return std::nullopt;
   m.ok.resize(n);
   if (!r.Bytes(m.ok.data(), n)) return std::nullopt;
+  return m;
+}
+
+inline std::optional<Release> DecodeRelease(std::span<const std::byte> in) {
+  internal::Reader r(in);
+  Release m;
+  if (!r.Get(m.lease_id) || !r.done()) return std::nullopt;
   return m;
 }
 
