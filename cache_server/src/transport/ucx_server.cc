@@ -20,6 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "kvtier/common/checksum.h"
 #include "kvtier/server/block_store.h"
+#include "kvtier/wire/ucx_log.h"
 #include "kvtier/wire/ucx_messages.h"
 #include "server_metrics.h"
 
@@ -132,6 +133,7 @@ struct UcxServer::Impl {
   // ---- setup ----
 
   absl::Status Init() {
+    wire::ucx::InstallCmaFailureHandler();  // should a cma copy with a client that died fail here too
     auto addr = ResolveIpv4(options.listen_address);
     if (!addr.ok()) return addr.status();
     ucp_config_t* config = nullptr;

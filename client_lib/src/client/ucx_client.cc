@@ -7,12 +7,10 @@
 #include <unistd.h>
 
 #include <ucp/api/ucp.h>
-#include <ucs/debug/log_def.h>
 
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
-#include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -25,6 +23,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "kvtier/wire/ucx_log.h"
 #include "kvtier/wire/ucx_messages.h"
 
 namespace kvtier::client {
@@ -59,40 +58,6 @@ absl::StatusOr<sockaddr_storage> ResolveIpv4(const std::string& host_port) {
   freeaddrinfo(res);
   reinterpret_cast<sockaddr_in*>(&ss)->sin_port = htons(static_cast<uint16_t>(port));
   return ss;
-}
-
-// UCX 1.13 treats a failed cma copy (process_vm_readv) on an endpoint without peer failure handling as
-// fatal and aborts the process. Endpoints here run in that mode (see UcxClient), and the copy fails
-// exactly when a server process on this node dies mid-transfer, so an inference worker would die with
-// its cache server. This handler, pushed once per process, turns that one message into a line on
-// stderr; uct_cma_ep_tx then returns its error and the transfer completes with an error, which the
-// client treats like any failed endpoint (a miss from error, a reconnect after the backoff).
-// Every other UCX message goes on to UCX's own handlers.
-std::atomic<uint64_t> g_cma_failures{0};
-
-ucs_log_func_rc_t OnUcxLog(const char* file, unsigned line, const char* function, ucs_log_level_t level,
-                           const ucs_log_component_config_t* comp_conf, const char* message, va_list ap) {
-  (void)line;
-  (void)function;
-  (void)comp_conf;
-  if (level != UCS_LOG_LEVEL_FATAL || file == nullptr || std::strstr(file, "cma_ep.c") == nullptr) {
-    return UCS_LOG_FUNC_RC_CONTINUE;
-  }
-  char text[512];
-  va_list copy;
-  va_copy(copy, ap);
-  std::vsnprintf(text, sizeof(text), message, copy);
-  va_end(copy);
-  if (g_cma_failures.fetch_add(1, std::memory_order_relaxed) < 16) {
-    std::fprintf(stderr, "kvtier: UCX single-copy read from a local server failed (the server process went away?): %s\n",
-                 text);
-  }
-  return UCS_LOG_FUNC_RC_STOP;
-}
-
-void InstallUcxLogHandler() {
-  static std::once_flag once;
-  std::call_once(once, [] { ucs_log_push_handler(&OnUcxLog); });
 }
 
 // Single-copy transports: the receiver of a rendezvous reads the sender's buffer itself (its kernel, or
@@ -800,7 +765,7 @@ UcxClient::~UcxClient() {
 }
 
 absl::StatusOr<std::unique_ptr<UcxClient>> UcxClient::Create(const std::string& transports, int get_lanes) {
-  InstallUcxLogHandler();
+  wire::ucx::InstallCmaFailureHandler();
   auto impl = std::make_unique<Impl>();
   impl->get_lanes = std::max(1, get_lanes);
   if (absl::Status s = impl->Init(transports); !s.ok()) {
