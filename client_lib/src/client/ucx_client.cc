@@ -275,7 +275,7 @@ class GetLane {
                         .indices = g.indices};
     bool sent = pending == n && SendGet(ep, msg::Encode(req));
     // Progress until every receive completed; check each block as soon as it is in.
-    std::vector<uint8_t> seen(n, 0);
+    std::vector<uint8_t> seen(n, 0);  // 1: settled in time; 2: done after the deadline
     auto settle = [&] {
       for (size_t k = 0; k < n; ++k) {
         Recv* r = recvs[k];
@@ -314,17 +314,25 @@ class GetLane {
     for (Recv* r : recvs) {
       if (r != nullptr && !r->done) ucp_request_cancel(worker_, r->request);
     }
+    auto count_done = [&] {  // too late to check or count: only whether UCX is done with the buffer
+      for (size_t k = 0; k < n; ++k) {
+        if (recvs[k] != nullptr && recvs[k]->done && seen[k] == 0) {
+          seen[k] = 2;  // done, but after the deadline
+          --pending;
+        }
+      }
+    };
     const absl::Time cancel_until = absl::Now() + kCancelGrace;
     while (pending > 0 && absl::Now() < cancel_until) {
       ucp_worker_progress(worker_);
-      for (size_t k = 0; k < n; ++k) pending -= recvs[k] != nullptr && recvs[k]->done && seen[k]++ == 0;
+      count_done();
     }
     if (pending > 0) {
       CloseEndpoint(g.endpoint);
       const absl::Time close_until = absl::Now() + kCloseGrace;
       while (pending > 0 && absl::Now() < close_until) {
         ucp_worker_progress(worker_);
-        for (size_t k = 0; k < n; ++k) pending -= recvs[k] != nullptr && recvs[k]->done && seen[k]++ == 0;
+        count_done();
       }
     }
     for (size_t k = 0; k < n; ++k) {
@@ -336,7 +344,7 @@ class GetLane {
         abandoned_recvs_.insert(r);  // freed by its callback, if UCX ever completes it
         abandoned_.fetch_add(1, std::memory_order_relaxed);
       }
-      group.items[g.slots[k]] = ItemStatus::kError;  // too late: not counted, whatever arrived
+      if (seen[k] != 1) group.items[g.slots[k]] = ItemStatus::kError;  // too late: not counted
     }
     CloseEndpoint(g.endpoint);  // no longer trusted
   }
