@@ -251,8 +251,8 @@ TEST_P(UcxInProcessTest, ServerStoppedMidTransferGivesMissesWithinTheDeadline) {
   EXPECT_GT(c->stats().misses_from_errors.load(), 0u);
 }
 
-// Gets from several threads at once share one endpoint and the client's progress thread: every block
-// lands in its own caller's buffer, byte for byte, and no lease is left behind.
+// Gets from several threads at once share the client's endpoint and, over shared memory, its get lanes:
+// every block lands in its own caller's buffer, byte for byte, and no lease is left behind.
 TEST_P(UcxInProcessTest, ConcurrentBatchedGetsEachGetTheirOwnBytes) {
   StartServer();
   auto c = Connect();

@@ -100,6 +100,24 @@ bool HasSingleCopyLane(ucp_ep_h ep) {
   return native;
 }
 
+// Sends an eager active message (with a reply endpoint, so that the server knows the sender) whose
+// payload lives until its completion. Call on the thread that owns ep's worker.
+ucs_status_t SendEagerAm(ucp_ep_h ep, uint16_t id, std::string payload) {
+  auto* buf = new std::string(std::move(payload));
+  ucp_request_param_t p{};
+  p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
+  p.cb.send = [](void* request, ucs_status_t, void* user_data) {
+    delete static_cast<std::string*>(user_data);
+    ucp_request_free(request);
+  };
+  p.user_data = buf;
+  p.flags = UCP_AM_SEND_FLAG_EAGER | UCP_AM_SEND_FLAG_REPLY;
+  ucs_status_ptr_t r = ucp_am_send_nbx(ep, id, nullptr, 0, buf->data(), buf->size(), &p);
+  if (UCS_PTR_IS_PTR(r)) return UCS_OK;
+  delete buf;
+  return UCS_PTR_STATUS(r);
+}
+
 // One caller's transfer (or hello). Fields under mu are shared with the progress thread; `requests` is
 // touched by the progress thread only.
 struct Transfer {
@@ -273,7 +291,7 @@ class GetLane {
     }
     msg::GetRequest req{.request_id = tag_base, .lease_id = g.lease_id, .tag_base = tag_base, .flags = 0,
                         .indices = g.indices};
-    bool sent = pending == n && SendGet(ep, msg::Encode(req));
+    bool sent = pending == n && SendEagerAm(ep, msg::kGet, msg::Encode(req)) == UCS_OK;
     // Progress until every receive completed; check each block as soon as it is in.
     std::vector<uint8_t> seen(n, 0);  // 1: settled in time; 2: done after the deadline
     auto settle = [&] {
@@ -347,22 +365,6 @@ class GetLane {
       if (seen[k] != 1) group.items[g.slots[k]] = ItemStatus::kError;  // too late: not counted
     }
     CloseEndpoint(g.endpoint);  // no longer trusted
-  }
-
-  bool SendGet(ucp_ep_h ep, std::string payload) {
-    auto* buf = new std::string(std::move(payload));
-    ucp_request_param_t p{};
-    p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
-    p.cb.send = [](void* request, ucs_status_t, void* user_data) {
-      delete static_cast<std::string*>(user_data);
-      ucp_request_free(request);
-    };
-    p.user_data = buf;
-    p.flags = UCP_AM_SEND_FLAG_EAGER | UCP_AM_SEND_FLAG_REPLY;
-    ucs_status_ptr_t r = ucp_am_send_nbx(ep, msg::kGet, nullptr, 0, buf->data(), buf->size(), &p);
-    if (UCS_PTR_IS_PTR(r)) return true;
-    delete buf;
-    return UCS_PTR_STATUS(r) == UCS_OK;
   }
 
   // This lane's endpoint to the server of g.endpoint, connected through its listener like the main one.
@@ -607,22 +609,6 @@ struct UcxClient::Impl {
     return nullptr;
   }
 
-  // Sends an eager AM whose payload lives until its completion.
-  ucs_status_t SendAm(ucp_ep_h ep, uint16_t id, std::string payload) {
-    auto* buf = new std::string(std::move(payload));
-    ucp_request_param_t p{};
-    p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
-    p.cb.send = [](void* request, ucs_status_t, void* user_data) {
-      delete static_cast<std::string*>(user_data);
-      ucp_request_free(request);
-    };
-    p.user_data = buf;
-    p.flags = UCP_AM_SEND_FLAG_EAGER | UCP_AM_SEND_FLAG_REPLY;
-    ucs_status_ptr_t r = ucp_am_send_nbx(ep, id, nullptr, 0, buf->data(), buf->size(), &p);
-    if (UCS_PTR_IS_PTR(r)) return UCS_OK;
-    delete buf;
-    return UCS_PTR_STATUS(r);
-  }
 
   static void OnEpError(void* arg, ucp_ep_h ep, ucs_status_t) {
     auto* self = static_cast<Impl*>(arg);
@@ -821,7 +807,7 @@ absl::StatusOr<UcxClient::Connection> UcxClient::Connect(const std::string& host
     im.endpoints[id] = {.ep = ep};
     im.endpoint_ids[ep] = id;
     im.pending_hello[nonce] = t;
-    if (im.SendAm(ep, msg::kHello, msg::Encode(msg::Hello{.nonce = nonce})) != UCS_OK) {
+    if (SendEagerAm(ep, msg::kHello, msg::Encode(msg::Hello{.nonce = nonce})) != UCS_OK) {
       im.pending_hello.erase(nonce);
       std::unique_lock<std::mutex> lock(t->mu);
       t->failed = true;
@@ -914,7 +900,7 @@ UcxClient::TransferResult UcxClient::Get(EndpointId endpoint, uint64_t lease_id,
       im.Enqueue([p = impl_.get(), endpoint, lease_id] {
         auto it = p->endpoints.find(endpoint);
         if (it != p->endpoints.end() && !it->second.failed) {
-          (void)p->SendAm(it->second.ep, msg::kRelease, msg::Encode(msg::Release{.lease_id = lease_id}));
+          (void)SendEagerAm(it->second.ep, msg::kRelease, msg::Encode(msg::Release{.lease_id = lease_id}));
         }
       });
     }
@@ -950,7 +936,7 @@ UcxClient::TransferResult UcxClient::Get(EndpointId endpoint, uint64_t lease_id,
         t->Done(lock);
       }
     }
-    if (im.SendAm(ep, msg::kGet, std::move(payload)) != UCS_OK) {
+    if (SendEagerAm(ep, msg::kGet, std::move(payload)) != UCS_OK) {
       {
         std::lock_guard<std::mutex> lock(t->mu);
         t->failed = true;
@@ -995,7 +981,7 @@ UcxClient::TransferResult UcxClient::Put(EndpointId endpoint, uint64_t reservati
     ucp_ep_h ep = im.UsableEndpoint(endpoint, *t);
     if (ep == nullptr) return;
     im.pending_put[request_id] = t;
-    if (im.SendAm(ep, msg::kPut, std::move(payload)) != UCS_OK) {
+    if (SendEagerAm(ep, msg::kPut, std::move(payload)) != UCS_OK) {
       im.pending_put.erase(request_id);
       std::unique_lock<std::mutex> lock(t->mu);
       t->failed = true;
