@@ -36,11 +36,23 @@ class CacheServiceImpl final : public v1::CacheService::Service {
   grpc::Status Release(grpc::ServerContext* ctx, const v1::ReleaseRequest* req, v1::ReleaseResponse* resp) override;
   grpc::Status Lease(grpc::ServerContext* ctx, const v1::ReadRequest* req, v1::ReadResponse* resp) override;
 
+  // Lease for the UCX data plane (kvtier/wire/ucx_messages.h kLease): what the Lease RPC does, for a
+  // caller that presented no token. Only for a server without tokens (auth off), where every gRPC call
+  // is allowed as an admin too; the UCX listener then takes leases itself and a get needs no gRPC round
+  // trip. Counted as the "Lease" method in kvtier_rpc_duration_seconds. Thread-safe.
+  // Errors: InvalidArgument (bad namespace or keys), FailedPrecondition (auth is on).
+  absl::Status LeaseWithoutToken(const v1::ReadRequest& req, v1::ReadResponse* resp);
+
  private:
   struct Parsed;
   // Namespace and keys of a request, validated, and the caller allowed on the namespace's tenant.
   // Errors: InvalidArgument (counted as a rejection), Unauthenticated, PermissionDenied.
   absl::StatusOr<Parsed> Parse(const grpc::ServerContext& ctx, const v1::Namespace& ns, const v1::BlockKeys& keys);
+  // The same for a caller already authenticated as `who`.
+  absl::StatusOr<Parsed> ParseFor(const Principal& who, const v1::Namespace& ns, const v1::BlockKeys& keys);
+  // Leases the present blocks of `p` for lease_ms (0: the default) and fills `resp` (block status,
+  // checksums, lease id).
+  void LeaseParsed(const Parsed& p, uint32_t lease_ms, v1::ReadResponse* resp);
   // The caller may act on reservation `id` (an unknown one passes: the store refuses it).
   grpc::Status AuthorizeReservation(const grpc::ServerContext& ctx, uint64_t id) const;
   grpc::Status Finish(const char* method, absl::Time start, const grpc::Status& status);

@@ -146,6 +146,26 @@ TEST_P(UcxInProcessTest, PutThenGetRoundTripsOverUcx) {
   EXPECT_EQ(c->stats().misses_from_errors.load(), 0u);
   EXPECT_EQ(c->stats().rpc_errors.load(), 0u);
   EXPECT_EQ(c->stats().ucx_connects.load(), 1u);  // one endpoint, reused by every call
+  EXPECT_EQ(c->stats().ucx_leases.load(), 1u);    // the server requires no token: the lease came over UCX
+}
+
+// A server that requires tokens takes no lease over UCX (no credential travels there): the client
+// leases over gRPC, with its token, and the bytes still move over UCX.
+TEST_P(UcxInProcessTest, AServerWithTokensLeasesOverGrpcOnly) {
+  server::ServerOptions o{.node_id = "node-t", .metrics_address = "", .host_cache_bytes = 64ULL << 20,
+                          .ucx_listen_address = "127.0.0.1:0", .ucx_transports = GetParam()};
+  o.auth_tokens = {{.token_sha256 = server::Sha256Hex("worker-token"), .tenant = "acme", .role = "worker"}};
+  auto s = server::Server::Start(o);
+  ASSERT_OK(s);
+  const std::string address = "127.0.0.1:" + std::to_string((*s)->grpc_port());
+  auto c = Client::Connect({.members = {address}, .transport = "ucx", .ucx_transports = GetParam(),
+                            .auth_token = "worker-token"});
+  ASSERT_OK(c);
+  const Namespace ns = NamespaceOfBlockBytes(128 << 10);
+  PutThenGetEveryByte(**c, ns, Fingerprints(ns, 4));
+  EXPECT_EQ((*c)->stats().ucx_leases.load(), 0u);
+  EXPECT_EQ((*c)->stats().ucx_get_blocks.load(), 4u);
+  EXPECT_EQ((*c)->stats().misses_from_errors.load(), 0u);
 }
 
 TEST_P(UcxInProcessTest, MissesAndHitsMixInOneBatch) {
@@ -399,7 +419,15 @@ TEST_F(UcxProcessTest, EndpointIsReusedAndReconnectsAfterARestart) {
   // Restart on the same gRPC port (the UCX port is new: the client asks GetInfo when it reconnects).
   auto again = StartNode("node-r", grpc_port);
   ASSERT_OK(again);
-  std::this_thread::sleep_for(std::chrono::milliseconds(250));  // past the reconnect backoff
+  // The client reconnects on a call after its UCX backoff (200 ms) once its gRPC channel has
+  // reconnected too (gRPC's own backoff, at most 1 s here): calls until then are misses or errors.
+  const absl::Time until = absl::Now() + absl::Seconds(5);
+  while (cl.members()[0].transport != "ucx" && absl::Now() < until) {
+    std::vector<std::byte> probe(1 << 20);
+    std::vector<std::span<std::byte>> one = {probe};
+    (void)cl.Get(ns, std::span<const Fingerprint>(fps.data(), 1), 0, one);
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
   PutThenGetEveryByte(cl, ns, fps);
   EXPECT_EQ(cl.stats().ucx_connects.load(), 2u);
   EXPECT_EQ(cl.members()[0].transport, "ucx");

@@ -188,7 +188,8 @@ struct UcxServer::Impl {
       return ucp_worker_set_am_recv_handler(worker, &hp);
     };
     if (set_handler(msg::kHello, &Impl::OnHello) != UCS_OK || set_handler(msg::kGet, &Impl::OnGet) != UCS_OK ||
-        set_handler(msg::kPut, &Impl::OnPut) != UCS_OK || set_handler(msg::kRelease, &Impl::OnRelease) != UCS_OK) {
+        set_handler(msg::kPut, &Impl::OnPut) != UCS_OK || set_handler(msg::kRelease, &Impl::OnRelease) != UCS_OK ||
+        set_handler(msg::kLease, &Impl::OnLease) != UCS_OK) {
       return absl::UnavailableError("ucp_worker_set_am_recv_handler failed");
     }
 
@@ -401,7 +402,8 @@ struct UcxServer::Impl {
     if (ep == 0) return UCS_OK;
     auto hello = msg::DecodeHello({static_cast<const std::byte*>(data), length});
     if (!hello.has_value()) return UCS_OK;
-    msg::HelloReply reply{.version = msg::kProtocolVersion, .nonce = hello->nonce, .node_id = self->options.node_id};
+    msg::HelloReply reply{.version = msg::kProtocolVersion, .nonce = hello->nonce, .node_id = self->options.node_id,
+                          .flags = self->options.lease ? msg::kTakesLeases : 0u};
     self->SendAm(ep, msg::kHelloReply, msg::Encode(reply));
     return UCS_OK;
   }
@@ -413,6 +415,24 @@ struct UcxServer::Impl {
     if (ep == 0) return UCS_OK;
     auto req = msg::DecodeGetRequest({static_cast<const std::byte*>(data), length});
     if (req.has_value() && !req->indices.empty()) self->StartGet(ep, *req);
+    return UCS_OK;
+  }
+
+  // A lease without gRPC (offered only when the server requires no token).
+  static ucs_status_t OnLease(void* arg, const void*, size_t, void* data, size_t length,
+                              const ucp_am_recv_param_t* param) {
+    auto* self = static_cast<Impl*>(arg);
+    const EpId ep = Sender(self, data, param);
+    if (ep == 0) return UCS_OK;
+    auto req = msg::DecodeLeaseMessage({static_cast<const std::byte*>(data), length}, /*reply=*/false);
+    if (!req.has_value()) return UCS_OK;
+    msg::LeaseMessage reply{.request_id = req->request_id};
+    absl::StatusOr<std::string> answer = self->options.lease
+                                             ? self->options.lease(req->payload)
+                                             : absl::FailedPreconditionError("this server takes no leases over UCX");
+    reply.ok = answer.ok();
+    reply.payload = answer.ok() ? std::move(answer).value() : std::string(answer.status().message());
+    self->SendAm(ep, msg::kLeaseReply, msg::Encode(reply, /*reply=*/true));
     return UCS_OK;
   }
 

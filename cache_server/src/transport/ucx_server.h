@@ -2,8 +2,10 @@
 #ifndef KVTIER_SERVER_SRC_TRANSPORT_UCX_SERVER_H_
 #define KVTIER_SERVER_SRC_TRANSPORT_UCX_SERVER_H_
 
+#include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -18,6 +20,9 @@ struct UcxServerOptions {
   std::string node_id;                                  // answered to a client's hello
   std::string transports;                               // UCX_TLS ("" = UCX's default); must include tcp
   absl::Duration transfer_timeout = absl::Seconds(10);  // then a send/receive is cancelled, its pin dropped
+  // Takes a lease for a client's kLease (a serialized v1::ReadRequest in, a serialized v1::ReadResponse
+  // out, or an error), on the progress thread. Empty: the server offers no UCX leases (auth on).
+  std::function<absl::StatusOr<std::string>(std::string_view request)> lease;
 };
 
 // A UCX (ucp) listener and one worker with its own progress thread. The host region of `store` is

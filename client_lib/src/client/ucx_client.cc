@@ -130,6 +130,8 @@ struct Transfer {
   std::vector<uint8_t> put_ok;         // guarded by mu: the server's kPutDone
   bool put_done = false;               // guarded by mu
   std::string node_id;                 // guarded by mu: the hello reply
+  uint32_t hello_flags = 0;            // guarded by mu: the hello reply
+  std::string lease_reply;             // guarded by mu: a kLeaseReply's payload (failed: its error text)
   bool failed = false;                 // guarded by mu: the endpoint is unknown, failed or a send failed
   std::vector<uint32_t> arrived;       // guarded by mu: items that completed kOk, in completion order
   std::vector<void*> requests;         // progress thread: per item, the request while in flight
@@ -455,6 +457,7 @@ struct UcxClient::Impl {
   absl::flat_hash_map<ucp_ep_h, EndpointId> endpoint_ids;
   absl::flat_hash_map<uint64_t, std::shared_ptr<Transfer>> pending_hello;  // by nonce
   absl::flat_hash_map<uint64_t, std::shared_ptr<Transfer>> pending_put;    // by request id
+  absl::flat_hash_map<uint64_t, std::shared_ptr<Transfer>> pending_lease;  // by request id
   std::vector<void*> closing;
 
   ~Impl() {
@@ -497,7 +500,8 @@ struct UcxClient::Impl {
       return ucp_worker_set_am_recv_handler(worker, &hp);
     };
     if (set_handler(msg::kHelloReply, &Impl::OnHelloReply) != UCS_OK ||
-        set_handler(msg::kPutDone, &Impl::OnPutDone) != UCS_OK) {
+        set_handler(msg::kPutDone, &Impl::OnPutDone) != UCS_OK ||
+        set_handler(msg::kLeaseReply, &Impl::OnLeaseReply) != UCS_OK) {
       return absl::UnavailableError("ucp_worker_set_am_recv_handler failed");
     }
     return absl::OkStatus();
@@ -631,10 +635,31 @@ struct UcxClient::Impl {
     self->pending_hello.erase(it);
     std::unique_lock<std::mutex> lock(t->mu);
     t->node_id = reply->version == msg::kProtocolVersion ? reply->node_id : "";
+    t->hello_flags = reply->flags;
     if (auto ep = self->endpoints.find(t->endpoint); ep != self->endpoints.end()) {
       t->single_copy = HasSingleCopyLane(ep->second.ep);  // wired up: the hello went out on it
     }
     t->failed = reply->version != msg::kProtocolVersion;
+    t->Done(lock);
+    return UCS_OK;
+  }
+
+  static ucs_status_t OnLeaseReply(void* arg, const void*, size_t, void* data, size_t length,
+                                   const ucp_am_recv_param_t* param) {
+    auto* self = static_cast<Impl*>(arg);
+    if ((param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0) {
+      ucp_am_data_release(self->worker, data);
+      return UCS_OK;
+    }
+    auto reply = msg::DecodeLeaseMessage({static_cast<const std::byte*>(data), length}, /*reply=*/true);
+    if (!reply.has_value()) return UCS_OK;
+    auto it = self->pending_lease.find(reply->request_id);
+    if (it == self->pending_lease.end()) return UCS_OK;
+    std::shared_ptr<Transfer> t = std::move(it->second);
+    self->pending_lease.erase(it);
+    std::unique_lock<std::mutex> lock(t->mu);
+    t->failed = !reply->ok;
+    t->lease_reply = std::move(reply->payload);
     t->Done(lock);
     return UCS_OK;
   }
@@ -825,7 +850,37 @@ absl::StatusOr<UcxClient::Connection> UcxClient::Connect(const std::string& host
     std::lock_guard<std::mutex> lanes_lock(im.lanes_mu);
     if (t->single_copy) im.listener_of[id] = host_port;
   }
-  return Connection{.endpoint = id, .node_id = t->node_id};
+  return Connection{.endpoint = id, .node_id = t->node_id,
+                    .takes_leases = (t->hello_flags & msg::kTakesLeases) != 0};
+}
+
+absl::StatusOr<std::string> UcxClient::Lease(EndpointId endpoint, std::string request, absl::Time deadline) {
+  Impl& im = *impl_;
+  const uint64_t request_id = im.next_id.fetch_add(1);
+  auto t = std::make_shared<Transfer>();
+  t->remaining = 1;
+  im.Enqueue([&im, t, endpoint, request_id,
+              payload = msg::Encode(msg::LeaseMessage{.request_id = request_id, .payload = std::move(request)},
+                                    /*reply=*/false)]() mutable {
+    ucp_ep_h ep = im.UsableEndpoint(endpoint, *t);
+    if (ep == nullptr) return;
+    im.pending_lease[request_id] = t;
+    if (SendEagerAm(ep, msg::kLease, std::move(payload)) != UCS_OK) {
+      im.pending_lease.erase(request_id);
+      std::unique_lock<std::mutex> lock(t->mu);
+      t->failed = true;
+      t->Done(lock);
+    }
+  });
+  const bool in_time =
+      im.Await(t, endpoint, deadline, [&im, request_id] { im.Forget(im.pending_lease, request_id); });
+  std::lock_guard<std::mutex> lock(t->mu);
+  if (!in_time) return absl::DeadlineExceededError("UCX lease: no answer in time");
+  if (t->failed) {
+    return absl::UnavailableError(t->lease_reply.empty() ? "UCX lease failed"
+                                                         : absl::StrCat("UCX lease refused: ", t->lease_reply));
+  }
+  return std::move(t->lease_reply);
 }
 
 void UcxClient::Close(EndpointId endpoint) {

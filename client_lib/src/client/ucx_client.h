@@ -45,6 +45,7 @@ class UcxClient {
   struct Connection {
     EndpointId endpoint = 0;
     std::string node_id;
+    bool takes_leases = false;  // the server answers Lease (it requires no token)
   };
   absl::StatusOr<Connection> Connect(const std::string& host_port, absl::Time deadline);
   // Force-closes an endpoint (transfers on it fail). Unknown ids are ignored.
@@ -84,6 +85,13 @@ class UcxClient {
   TransferResult Put(EndpointId endpoint, uint64_t reservation_id, std::span<const uint32_t> indices,
                      std::span<const std::span<const std::byte>> blocks, absl::Time deadline,
                      const std::function<void()>& meanwhile = {});
+
+  // Takes a lease over UCX instead of gRPC: sends `request` (a serialized kvtier.v1.ReadRequest) as a
+  // kLease and returns the server's answer (a serialized kvtier.v1.ReadResponse) by `deadline`. Only
+  // for a Connection with takes_leases. Errors: Unavailable (unknown or failed endpoint, or the server
+  // refused; the message says why), DeadlineExceeded (no answer in time: the endpoint is no longer
+  // trusted; a lease the server took anyway ends at its expiry).
+  absl::StatusOr<std::string> Lease(EndpointId endpoint, std::string request, absl::Time deadline);
 
   uint64_t abandoned_requests() const;
 

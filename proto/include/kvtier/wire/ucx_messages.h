@@ -5,7 +5,8 @@
 // reservations, commits); UCX carries only payload bytes as tagged messages, plus these active messages
 // (AM), each a little-endian byte string in the AM's data:
 //   kHello      client -> server  {version u32, nonce u64}
-//   kHelloReply server -> client  {version u32, nonce u64, node_id_len u32, node_id bytes}
+//   kHelloReply server -> client  {version u32, nonce u64, node_id_len u32, node_id bytes, flags u32}
+//                 flags & kTakesLeases: the server answers kLease (it requires no token; see kLease).
 //   kGet        client -> server  {request_id u64, lease_id u64, tag_base u64, flags u32, n u32, index u32 x n}
 //                 The server sends, for each j < n, block indices[j] of the lease as one tagged message
 //                 with tag tag_base + j, straight from the leased slot; a block it cannot send (lease
@@ -18,6 +19,12 @@
 //                 (ok = all bytes arrived); the client commits over gRPC only after it.
 //   kRelease    client -> server  {lease_id u64}: release the lease (a client that split one lease's
 //                 blocks over several kGet requests, on several endpoints, sends it after the last).
+//   kLease      client -> server  {request_id u64, request bytes}: a serialized kvtier.v1.ReadRequest;
+//                 the server does what the Lease RPC does and answers kLeaseReply. Offered only by a
+//                 server without tokens (auth off), where the gRPC call would be allowed anyway; it
+//                 saves a get its gRPC round trip.
+//   kLeaseReply server -> client  {request_id u64, ok u8, payload bytes}: ok = 1: a serialized
+//                 kvtier.v1.ReadResponse (status, checksums, lease id); ok = 0: an error message.
 #ifndef KVTIER_WIRE_UCX_MESSAGES_H_
 #define KVTIER_WIRE_UCX_MESSAGES_H_
 
@@ -37,7 +44,11 @@ static_assert(std::endian::native == std::endian::little, "the UCX messages are 
 inline constexpr uint32_t kProtocolVersion = 1;
 
 // Active message ids (ucp_worker_set_am_recv_handler).
-enum AmId : uint16_t { kHello = 1, kHelloReply = 2, kGet = 3, kPut = 4, kPutDone = 5, kRelease = 6 };
+enum AmId : uint16_t {
+  kHello = 1, kHelloReply = 2, kGet = 3, kPut = 4, kPutDone = 5, kRelease = 6, kLease = 7, kLeaseReply = 8
+};
+
+inline constexpr uint32_t kTakesLeases = 1;  // kHelloReply flag
 
 inline constexpr uint32_t kGetRelease = 1;  // kGet flag: release the lease after the last send
 
@@ -60,6 +71,13 @@ struct HelloReply {
   uint32_t version = kProtocolVersion;
   uint64_t nonce = 0;
   std::string node_id;
+  uint32_t flags = 0;
+};
+// kLease and kLeaseReply: a request id and bytes (a serialized message, or an error's text).
+struct LeaseMessage {
+  uint64_t request_id = 0;
+  bool ok = true;  // kLeaseReply only
+  std::string payload;
 };
 struct GetRequest {
   uint64_t request_id = 0;
@@ -136,6 +154,14 @@ inline std::string Encode(const HelloReply& m) {
   w.Put(m.nonce);
   w.Put(static_cast<uint32_t>(m.node_id.size()));
   w.Bytes(m.node_id.data(), m.node_id.size());
+  w.Put(m.flags);
+  return w.Take();
+}
+inline std::string Encode(const LeaseMessage& m, bool reply) {
+  internal::Writer w;
+  w.Put(m.request_id);
+  if (reply) w.Put(static_cast<uint8_t>(m.ok ? 1 : 0));
+  w.Bytes(m.payload.data(), m.payload.size());
   return w.Take();
 }
 inline std::string Encode(const GetRequest& m) {
@@ -180,9 +206,20 @@ inline std::optional<HelloReply> DecodeHelloReply(std::span<const std::byte> in)
   internal::Reader r(in);
   HelloReply m;
   uint32_t n = 0;
-  if (!r.Get(m.version) || !r.Get(m.nonce) || !r.Get(n) || n != r.left()) return std::nullopt;
+  if (!r.Get(m.version) || !r.Get(m.nonce) || !r.Get(n) || n > r.left()) return std::nullopt;
   m.node_id.resize(n);
   if (!r.Bytes(m.node_id.data(), n)) return std::nullopt;
+  if (!r.done() && (!r.Get(m.flags) || !r.done())) return std::nullopt;  // a server without flags sends none
+  return m;
+}
+inline std::optional<LeaseMessage> DecodeLeaseMessage(std::span<const std::byte> in, bool reply) {
+  internal::Reader r(in);
+  LeaseMessage m;
+  uint8_t ok = 1;
+  if (!r.Get(m.request_id) || (reply && (!r.Get(ok) || ok > 1))) return std::nullopt;
+  m.ok = ok == 1;
+  m.payload.resize(r.left());
+  if (!r.Bytes(m.payload.data(), m.payload.size())) return std::nullopt;
   return m;
 }
 inline std::optional<GetRequest> DecodeGetRequest(std::span<const std::byte> in) {
