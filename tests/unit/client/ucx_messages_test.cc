@@ -1,0 +1,72 @@
+// The UCX plane's control messages (kvtier/wire/ucx_messages.h): every message decodes to what was
+// encoded, and a truncated, padded or malformed one decodes to nothing.
+#include "kvtier/wire/ucx_messages.h"
+
+#include <gtest/gtest.h>
+
+#include <cstddef>
+#include <span>
+#include <string>
+
+namespace kvtier::wire::ucx {
+namespace {
+
+std::span<const std::byte> Bytes(const std::string& s) {
+  return {reinterpret_cast<const std::byte*>(s.data()), s.size()};
+}
+
+TEST(UcxMessagesTest, HelloReplyCarriesItsFlagsAndStillReadsAReplyWithout) {
+  const std::string with = Encode(HelloReply{.nonce = 7, .node_id = "node-a", .flags = kTakesLeases});
+  auto m = DecodeHelloReply(Bytes(with));
+  ASSERT_TRUE(m.has_value());
+  EXPECT_EQ(m->version, kProtocolVersion);
+  EXPECT_EQ(m->nonce, 7u);
+  EXPECT_EQ(m->node_id, "node-a");
+  EXPECT_EQ(m->flags, kTakesLeases);
+  // A server that sends no flags: the reply ends after the node id.
+  const std::string without = with.substr(0, with.size() - sizeof(uint32_t));
+  auto old = DecodeHelloReply(Bytes(without));
+  ASSERT_TRUE(old.has_value());
+  EXPECT_EQ(old->node_id, "node-a");
+  EXPECT_EQ(old->flags, 0u);
+  EXPECT_FALSE(DecodeHelloReply(Bytes(with + "x")).has_value());                   // trailing garbage
+  EXPECT_FALSE(DecodeHelloReply(Bytes(with.substr(0, 15))).has_value());           // node id cut short
+  EXPECT_FALSE(DecodeHelloReply(Bytes(without.substr(0, without.size() - 1))).has_value());
+}
+
+TEST(UcxMessagesTest, LeaseRequestAndReplyRoundTrip) {
+  const std::string request = Encode(LeaseMessage{.request_id = 42, .payload = std::string("\0req\xff", 5)},
+                                     /*reply=*/false);
+  auto r = DecodeLeaseMessage(Bytes(request), /*reply=*/false);
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(r->request_id, 42u);
+  EXPECT_EQ(r->payload, std::string("\0req\xff", 5));
+
+  for (bool ok : {true, false}) {
+    const std::string reply = Encode(LeaseMessage{.request_id = 9, .ok = ok, .payload = "answer"}, /*reply=*/true);
+    auto m = DecodeLeaseMessage(Bytes(reply), /*reply=*/true);
+    ASSERT_TRUE(m.has_value());
+    EXPECT_EQ(m->request_id, 9u);
+    EXPECT_EQ(m->ok, ok);
+    EXPECT_EQ(m->payload, "answer");
+  }
+  // An empty payload is a valid (empty) message; a cut id or a bad ok byte is not.
+  EXPECT_TRUE(DecodeLeaseMessage(Bytes(Encode(LeaseMessage{.request_id = 1}, false)), false).has_value());
+  EXPECT_FALSE(DecodeLeaseMessage(Bytes(std::string(7, '\0')), false).has_value());
+  std::string bad_ok = Encode(LeaseMessage{.request_id = 1}, /*reply=*/true);
+  bad_ok[8] = '\x02';
+  EXPECT_FALSE(DecodeLeaseMessage(Bytes(bad_ok), /*reply=*/true).has_value());
+}
+
+TEST(UcxMessagesTest, ReleaseIsExactlyALeaseId) {
+  const std::string m = Encode(Release{.lease_id = 0x0102030405060708ULL});
+  ASSERT_EQ(m.size(), 8u);
+  auto r = DecodeRelease(Bytes(m));
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(r->lease_id, 0x0102030405060708ULL);
+  EXPECT_FALSE(DecodeRelease(Bytes(m.substr(0, 7))).has_value());
+  EXPECT_FALSE(DecodeRelease(Bytes(m + "x")).has_value());
+}
+
+}  // namespace
+}  // namespace kvtier::wire::ucx
