@@ -298,16 +298,7 @@ bool BlockStore::PromoteToHbmLocked(EntryHandle h) {
     hbm_allocator_->Free(*slot);
     return false;
   }
-  policy_->OnErase(h);
-  stats_.stored_blocks.fetch_sub(1, std::memory_order_relaxed);
-  stats_.stored_bytes.fetch_sub(allocator_->SlotBytesOf(e.slot), std::memory_order_relaxed);
-  allocator_->Free(e.slot);
-  e.slot = *slot;
-  e.tier = Tier::kHbm;
-  if (sink_ != nullptr) sink_->OnMoved(EventInfoOf(e), Tier::kHost);
-  hbm_policy_->OnInsert(h, AccessOf(e));
-  stats_.hbm_blocks.fetch_add(1, std::memory_order_relaxed);
-  stats_.hbm_bytes.fetch_add(hbm_allocator_->SlotBytesOf(*slot), std::memory_order_relaxed);
+  SwitchMemoryTierLocked(h, *slot);
   stats_.hbm_promotions.fetch_add(1, std::memory_order_relaxed);
   return true;
 }
@@ -329,17 +320,33 @@ void BlockStore::DemoteFromHbmLocked(EntryHandle h) {
     EraseEntryLocked(h);
     return;
   }
-  hbm_policy_->OnErase(h);
-  stats_.hbm_blocks.fetch_sub(1, std::memory_order_relaxed);
-  stats_.hbm_bytes.fetch_sub(hbm_allocator_->SlotBytesOf(e.slot), std::memory_order_relaxed);
-  hbm_allocator_->Free(e.slot);
-  e.slot = *slot;
-  e.tier = Tier::kHost;
-  if (sink_ != nullptr) sink_->OnMoved(EventInfoOf(e), Tier::kHbm);
-  policy_->OnInsert(h, AccessOf(e));
-  stats_.stored_blocks.fetch_add(1, std::memory_order_relaxed);
-  stats_.stored_bytes.fetch_add(allocator_->SlotBytesOf(*slot), std::memory_order_relaxed);
+  SwitchMemoryTierLocked(h, *slot);
   stats_.hbm_demotions.fetch_add(1, std::memory_order_relaxed);
+}
+
+void BlockStore::SwitchMemoryTierLocked(EntryHandle h, SlotRef slot) {
+  struct MemoryTier {
+    EvictionPolicy& policy;
+    SlabAllocator& allocator;
+    std::atomic<uint64_t>& blocks;
+    std::atomic<uint64_t>& bytes;
+  };
+  MemoryTier host{*policy_, *allocator_, stats_.stored_blocks, stats_.stored_bytes};
+  MemoryTier hbm{*hbm_policy_, *hbm_allocator_, stats_.hbm_blocks, stats_.hbm_bytes};
+  Entry& e = entries_[h];
+  const Tier from = e.tier;
+  MemoryTier& old_tier = from == Tier::kHbm ? hbm : host;
+  MemoryTier& new_tier = from == Tier::kHbm ? host : hbm;
+  old_tier.policy.OnErase(h);
+  old_tier.blocks.fetch_sub(1, std::memory_order_relaxed);
+  old_tier.bytes.fetch_sub(old_tier.allocator.SlotBytesOf(e.slot), std::memory_order_relaxed);
+  old_tier.allocator.Free(e.slot);
+  e.slot = slot;
+  e.tier = from == Tier::kHbm ? Tier::kHost : Tier::kHbm;
+  if (sink_ != nullptr) sink_->OnMoved(EventInfoOf(e), from);
+  new_tier.policy.OnInsert(h, AccessOf(e));
+  new_tier.blocks.fetch_add(1, std::memory_order_relaxed);
+  new_tier.bytes.fetch_add(new_tier.allocator.SlotBytesOf(slot), std::memory_order_relaxed);
 }
 
 bool BlockStore::EvictOneLocked(uint64_t slot_bytes) {

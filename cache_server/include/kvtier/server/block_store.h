@@ -409,12 +409,17 @@ class BlockStore {
   // Per key: the handle of its committed entry in `ns` (same namespace and tenant) with its lease count
   // raised, or kNoEntry.
   std::vector<EntryHandle> PinCommittedLocked(const NamespaceRef& ns, std::span<const BlockKey> keys);
-  // Moves a committed, leased host block up to the HBM tier, making room there. False (the block stays
-  // in host memory) when nothing in HBM can be evicted or the copy fails.
+  // Moves a committed host block up to the HBM tier, making room there. Callers move only a block that
+  // no other lease holds (its reader may be reading the host slot). False (the block stays in host
+  // memory) when nothing in HBM can be evicted or the copy fails.
   bool PromoteToHbmLocked(EntryHandle h);
   // Moves an HBM block down to host memory (making room there, which may demote to disk), or drops it
   // when there is no room or its bytes fail their checksum.
   void DemoteFromHbmLocked(EntryHandle h);
+  // Moves the bookkeeping of block h (in host memory or HBM) to `slot` of the other of the two, whose
+  // bytes were copied and verified already: frees the old slot, and moves the block between the tiers'
+  // policies, gauges and the event sink.
+  void SwitchMemoryTierLocked(EntryHandle h, SlotRef slot);
   // Evicts one unleased HBM block whose slot fits `slot_bytes` (or empties its slab). False when none.
   bool EvictOneHbmLocked(uint64_t slot_bytes);
   // Copies an HBM block to `out` (resized) and verifies its checksum. False on a failed copy or checksum.
