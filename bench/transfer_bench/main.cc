@@ -35,6 +35,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "kvtier/client/client.h"
+#include "kvtier/common/checksum.h"
 #include "kvtier/common/fingerprint.h"
 
 #if KVTIER_HAVE_HIREDIS
@@ -54,6 +55,7 @@ ABSL_FLAG(bool, memcpy, true, "also measure memcpy of the same blocks (the memor
 ABSL_FLAG(std::string, perftest, "ucx_perftest", "ucx_perftest binary; empty = skip the UCX limit");
 ABSL_FLAG(std::string, redis, "redis-server",
           "redis-server binary for the Redis baseline (GET/SET through hiredis); empty = skip");
+ABSL_FLAG(int, repeat, 3, "passes over every row (limits included); each row reports its median pass");
 ABSL_FLAG(bool, json, false, "print the rows as one JSON object");
 ABSL_FLAG(bool, smoke, false, "a tiny run for ctest: tcp only, 64 KiB blocks, batch 2, 3 calls, no perftest");
 
@@ -76,6 +78,9 @@ struct Row {
   double p99_us = 0;
   int calls = 0;
   std::string note;
+  int passes = 1;         // passes measured; the row is the median one
+  double gbps_min = 0;    // over the passes
+  double gbps_max = 0;
 };
 
 std::string UcxTls(const std::string& path) { return path == "shm" ? "tcp,shm" : "tcp"; }
@@ -244,7 +249,9 @@ void MeasureClient(Client& client, const std::string& path, const std::string& t
   rows.push_back(get);
 }
 
-// memcpy of `batch` blocks per call from a 1 GiB arena (cold, as the server's slots are).
+// memcpy of `batch` blocks per call from a 1 GiB arena (cold, as the server's slots are), and the
+// client's check of the copied blocks (BlockChecksum of each right after its copy, as a get checks a block
+// right after it landed): the CPU a get spends beyond moving bytes.
 void MeasureMemcpy(uint64_t block, uint32_t batch, std::vector<Row>& rows) {
   const uint64_t arena_bytes = std::max<uint64_t>(1ULL << 30, 2 * block * batch);
   std::vector<std::byte> arena(arena_bytes);
@@ -252,20 +259,35 @@ void MeasureMemcpy(uint64_t block, uint32_t batch, std::vector<Row>& rows) {
   std::vector<std::vector<std::byte>> out(batch, std::vector<std::byte>(block));
   const uint64_t slots = arena_bytes / block;
   const int iters = Iterations(block * batch);
-  std::vector<double> us;
+  std::vector<double> copy_us;
+  std::vector<double> check_us;
   uint64_t next = 0;
+  uint64_t sink = 0;
   for (int i = 0; i < iters + 3; ++i) {
-    const absl::Time t0 = absl::Now();
+    absl::Duration copy;
+    absl::Duration check;
     for (uint32_t b = 0; b < batch; ++b) {
+      const absl::Time t0 = absl::Now();
       std::memcpy(out[b].data(), arena.data() + (next % slots) * block, block);
+      const absl::Time t1 = absl::Now();
+      sink ^= kvtier::BlockChecksum(out[b].data(), block);
+      copy += t1 - t0;
+      check += absl::Now() - t1;
       next += 7;  // stride through the arena
     }
-    const double elapsed = absl::ToDoubleMicroseconds(absl::Now() - t0);
-    if (i >= 3) us.push_back(elapsed);
+    if (i >= 3) {
+      copy_us.push_back(absl::ToDoubleMicroseconds(copy));
+      check_us.push_back(absl::ToDoubleMicroseconds(check));
+    }
   }
   rows.push_back(Summarize({.path = "local", .transport = "memcpy", .operation = "copy", .block_bytes = block,
                             .batch = batch},
-                           us, block * batch));
+                           copy_us, block * batch));
+  rows.push_back(Summarize({.path = "local", .transport = "xxh3", .operation = "check", .block_bytes = block,
+                            .batch = batch},
+                           check_us, block * batch));
+  static volatile uint64_t checksums_seen;
+  checksums_seen = sink;  // the checksums are used
 }
 
 // ucx_perftest tag_bw between two processes over the path's UCX_TLS, in UCX's default (none) error mode,
@@ -437,43 +459,24 @@ void MeasureRedis(const std::string& binary, uint64_t block, uint32_t batch, std
 #endif
 }
 
-int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage("Batched get/put throughput of kvtier over UCX and gRPC, next to memcpy and "
-                               "ucx_perftest. See bench/README.md.");
-  absl::ParseCommandLine(argc, argv);
-  setenv("UCX_NET_DEVICES", "lo", /*overwrite=*/0);  // stay on 127.0.0.1 (TOOLCHAIN.md pitfall 6)
-  std::signal(SIGPIPE, SIG_IGN);
+// What one pass measures (main's flags, after --smoke).
+struct BenchPlan {
+  std::vector<std::string> paths;
+  std::vector<uint64_t> blocks;
+  std::vector<uint64_t> batches;
+  std::string perftest;  // empty: no UCX limit
+  bool do_memcpy = true;
+  std::string redis;     // empty: no Redis baseline
+  std::string server;
+  uint64_t host_bytes = 0;
+};
 
-  std::vector<std::string> paths = absl::StrSplit(absl::GetFlag(FLAGS_paths), ',', absl::SkipEmpty());
-  std::vector<uint64_t> blocks = ParseList(absl::GetFlag(FLAGS_block_bytes));
-  std::vector<uint64_t> batches = ParseList(absl::GetFlag(FLAGS_batches));
-  std::string perftest = absl::GetFlag(FLAGS_perftest);
-  bool do_memcpy = absl::GetFlag(FLAGS_memcpy);
-  std::string redis = absl::GetFlag(FLAGS_redis);
-  if (absl::GetFlag(FLAGS_smoke)) {
-    paths = {"tcp"};
-    blocks = {64 << 10};
-    batches = {2};
-    absl::SetFlag(&FLAGS_min_iters, 3);
-    absl::SetFlag(&FLAGS_max_iters, 3);
-    perftest.clear();
-    do_memcpy = false;
-  }
-  std::string server = absl::GetFlag(FLAGS_server);
-  if (server.empty()) server = DefaultServerBinary();
-  uint64_t max_call = 0;
-  for (uint64_t b : blocks) {
-    for (uint64_t n : batches) max_call = std::max(max_call, b * n);
-  }
-  const uint64_t host_bytes = std::max<uint64_t>(256ULL << 20, 4 * max_call);
-
-  std::vector<Row> rows;
-  bool ok = true;
+// One pass over every row: the UCX limit, kvtier over UCX (and gRPC), memcpy, Redis. Appends to `rows`;
+// clears `ok` when a kvtier row lost blocks. Returns false when the run cannot go on (a server did not
+// start, a client did not connect).
+bool MeasureOnce(const BenchPlan& plan, std::vector<Row>& rows, bool& ok) {
+  const auto& [paths, blocks, batches, perftest, do_memcpy, redis, server, host_bytes] = plan;
   for (const std::string& path : paths) {
-    if (path != "shm" && path != "tcp") {
-      std::fprintf(stderr, "transfer_bench: unknown path \"%s\" (shm or tcp)\n", path.c_str());
-      return 2;
-    }
     // The UCX limit first, while no kvtier process competes for the cores.
     if (!perftest.empty()) {
       for (uint64_t b : blocks) {
@@ -486,7 +489,7 @@ int main(int argc, char** argv) {
       }
     }
     auto srv = StartServer(server, UcxTls(path), host_bytes);
-    if (srv == nullptr) return 1;
+    if (srv == nullptr) return false;
     const std::string address = absl::StrCat("127.0.0.1:", srv->grpc_port);
     uint64_t seed = std::hash<std::string>{}(path) ^ static_cast<uint64_t>(getpid());
     std::vector<std::pair<std::string, std::string>> transports = {{"ucx", UcxTls(path)}};
@@ -496,7 +499,7 @@ int main(int argc, char** argv) {
                                      .ucx_transports = tls});
       if (!client.ok()) {
         std::fprintf(stderr, "transfer_bench: %s\n", std::string(client.status().message()).c_str());
-        return 1;
+        return false;
       }
       if ((*client)->members()[0].transport != transport) {
         std::fprintf(stderr, "transfer_bench: wanted %s, the client uses %s\n", transport.c_str(),
@@ -524,8 +527,90 @@ int main(int argc, char** argv) {
     }
   }
 
-  // Ratios to the limits of the same run: ucx_perftest of the same path and block size, memcpy of the
-  // same block size and batch.
+  return true;
+}
+
+// Row by row (rows are in the same order in every pass), the pass with the median GB/s; gbps_min and
+// gbps_max keep the spread. Rows missing from some pass (a limit that did not run) use the passes they
+// are in.
+std::vector<Row> MedianRows(const std::vector<std::vector<Row>>& passes) {
+  std::map<std::tuple<std::string, std::string, std::string, uint64_t, uint32_t>, std::vector<Row>> by_key;
+  std::vector<std::tuple<std::string, std::string, std::string, uint64_t, uint32_t>> order;
+  for (const auto& pass : passes) {
+    for (const Row& r : pass) {
+      auto key = std::make_tuple(r.path, r.transport, r.operation, r.block_bytes, r.batch);
+      auto [it, inserted] = by_key.try_emplace(key);
+      if (inserted) order.push_back(key);
+      it->second.push_back(r);
+    }
+  }
+  std::vector<Row> out;
+  for (const auto& key : order) {
+    std::vector<Row>& runs = by_key[key];
+    std::sort(runs.begin(), runs.end(), [](const Row& a, const Row& b) { return a.gbps < b.gbps; });
+    Row r = runs[runs.size() / 2];
+    r.passes = static_cast<int>(runs.size());
+    r.gbps_min = runs.front().gbps;
+    r.gbps_max = runs.back().gbps;
+    for (const Row& run : runs) {
+      if (r.note.empty() && !run.note.empty() && run.transport != "ucx_perftest") r.note = run.note;  // failures show
+    }
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage("Batched get/put throughput of kvtier over UCX and gRPC, next to memcpy and "
+                               "ucx_perftest. See bench/README.md.");
+  absl::ParseCommandLine(argc, argv);
+  setenv("UCX_NET_DEVICES", "lo", /*overwrite=*/0);  // stay on 127.0.0.1 (TOOLCHAIN.md pitfall 6)
+  std::signal(SIGPIPE, SIG_IGN);
+
+  std::vector<std::string> paths = absl::StrSplit(absl::GetFlag(FLAGS_paths), ',', absl::SkipEmpty());
+  std::vector<uint64_t> blocks = ParseList(absl::GetFlag(FLAGS_block_bytes));
+  std::vector<uint64_t> batches = ParseList(absl::GetFlag(FLAGS_batches));
+  std::string perftest = absl::GetFlag(FLAGS_perftest);
+  bool do_memcpy = absl::GetFlag(FLAGS_memcpy);
+  std::string redis = absl::GetFlag(FLAGS_redis);
+  if (absl::GetFlag(FLAGS_smoke)) {
+    paths = {"tcp"};
+    blocks = {64 << 10};
+    batches = {2};
+    absl::SetFlag(&FLAGS_min_iters, 3);
+    absl::SetFlag(&FLAGS_max_iters, 3);
+    absl::SetFlag(&FLAGS_repeat, 1);
+    perftest.clear();
+    do_memcpy = false;
+  }
+  std::string server = absl::GetFlag(FLAGS_server);
+  if (server.empty()) server = DefaultServerBinary();
+  uint64_t max_call = 0;
+  for (uint64_t b : blocks) {
+    for (uint64_t n : batches) max_call = std::max(max_call, b * n);
+  }
+  const uint64_t host_bytes = std::max<uint64_t>(256ULL << 20, 4 * max_call);
+
+  for (const std::string& path : paths) {
+    if (path != "shm" && path != "tcp") {
+      std::fprintf(stderr, "transfer_bench: unknown path \"%s\" (shm or tcp)\n", path.c_str());
+      return 2;
+    }
+  }
+  const BenchPlan plan{.paths = paths, .blocks = blocks, .batches = batches, .perftest = perftest,
+                       .do_memcpy = do_memcpy, .redis = redis, .server = server, .host_bytes = host_bytes};
+  // Every pass measures every row once, limits included, so that a limit and the row compared with it
+  // alternate; each row reports its median pass (a loaded or noisy machine moves single passes by 20%).
+  const int repeat = std::max(1, absl::GetFlag(FLAGS_repeat));
+  std::vector<std::vector<Row>> passes(repeat);
+  bool ok = true;
+  for (auto& pass : passes) {
+    if (!MeasureOnce(plan, pass, ok)) return 1;
+  }
+  const std::vector<Row> rows = MedianRows(passes);
+
+  // Ratios to the limits of the same run, median to median: ucx_perftest of the same path and block size,
+  // memcpy of the same block size and batch.
   std::map<std::pair<std::string, uint64_t>, double> perf;
   std::map<std::pair<uint64_t, uint32_t>, double> copy;
   std::map<std::tuple<std::string, uint64_t, uint32_t>, double> redis_gbps;  // (op, block, batch)
@@ -538,7 +623,8 @@ int main(int argc, char** argv) {
   for (const Row& r : rows) {
     nlohmann::json j = {{"path", r.path},       {"transport", r.transport}, {"operation", r.operation},
                         {"block_bytes", r.block_bytes}, {"batch", r.batch}, {"gbps", r.gbps},
-                        {"p50_us", r.p50_us},   {"p99_us", r.p99_us},       {"calls", r.calls}};
+                        {"p50_us", r.p50_us},   {"p99_us", r.p99_us},       {"calls", r.calls},
+                        {"passes", r.passes},   {"gbps_min", r.gbps_min},   {"gbps_max", r.gbps_max}};
     if (auto it = perf.find({r.path, r.block_bytes}); it != perf.end() && r.transport == "ucx" && it->second > 0) {
       j["ratio_to_ucx_perftest"] = r.gbps / it->second;
     }
@@ -555,14 +641,16 @@ int main(int argc, char** argv) {
   if (absl::GetFlag(FLAGS_json)) {
     std::printf("%s\n", nlohmann::json{{"rows", out}}.dump().c_str());
   } else {
-    std::printf("%-5s %-12s %-6s %10s %5s %8s %10s %10s %8s %8s %8s  %s\n", "path", "transport", "op", "block",
-                "batch", "GB/s", "p50_us", "p99_us", "/perf", "/memcpy", "/redis", "note");
+    std::printf("%-5s %-12s %-6s %10s %5s %8s %12s %10s %10s %8s %8s %8s  %s\n", "path", "transport", "op", "block",
+                "batch", "GB/s", "min-max", "p50_us", "p99_us", "/perf", "/memcpy", "/redis", "note");
     for (const auto& j : out) {
-      std::printf("%-5s %-12s %-6s %10llu %5u %8.2f %10.1f %10.1f %8s %8s %8s  %s\n",
+      std::printf("%-5s %-12s %-6s %10llu %5u %8.2f %12s %10.1f %10.1f %8s %8s %8s  %s\n",
                   j["path"].get<std::string>().c_str(), j["transport"].get<std::string>().c_str(),
                   j["operation"].get<std::string>().c_str(),
                   static_cast<unsigned long long>(j["block_bytes"].get<uint64_t>()), j["batch"].get<uint32_t>(),
-                  j["gbps"].get<double>(), j["p50_us"].get<double>(), j["p99_us"].get<double>(),
+                  j["gbps"].get<double>(),
+                  absl::StrFormat("%.2f-%.2f", j["gbps_min"].get<double>(), j["gbps_max"].get<double>()).c_str(),
+                  j["p50_us"].get<double>(), j["p99_us"].get<double>(),
                   j.contains("ratio_to_ucx_perftest")
                       ? absl::StrFormat("%.2f", j["ratio_to_ucx_perftest"].get<double>()).c_str()
                       : "-",
