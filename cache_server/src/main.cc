@@ -99,7 +99,9 @@ int main(int argc, char** argv) {
   auto server = kvtier::server::Server::Start(options);
   if (!server.ok()) {
     std::fprintf(stderr, "kvtier-server: %s\n", std::string(server.status().message()).c_str());
-    return server.status().code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
+    // A bad config, or a file it names that cannot be read (tls.*, auth.tokens_file): 2, as usage errors.
+    const absl::StatusCode code = server.status().code();
+    return code == absl::StatusCode::kInvalidArgument || code == absl::StatusCode::kNotFound ? 2 : 1;
   }
   std::fprintf(stderr,
                "kvtier-server: node %s serving gRPC on port %d, /metrics on port %d, UCX on port %d, %llu bytes of "

@@ -2,6 +2,7 @@
 
 #include <prometheus/exposer.h>
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <cstdio>
@@ -147,10 +148,28 @@ Server::Server(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 Server::~Server() { Shutdown(); }
 
+namespace {
+constexpr uint64_t kFewSlabs = 8;  // fewer slabs than this in the host tier gets a warning at start
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& options) {
   if (absl::Status s = options.Validate(); !s.ok()) return s;
   auto impl = std::make_unique<Impl>();
   impl->options = options;
+  // No block larger than the host tier can ever be stored: advertise and enforce what fits.
+  impl->options.max_block_bytes = std::min(options.max_block_bytes, options.host_cache_bytes);
+  // With few slabs, the first block of a new size class takes a whole slab, evicting up to that slab's
+  // share of the tier (docs/architecture.md "Size classes").
+  if (const uint64_t slabs = (options.host_cache_bytes + options.slab_bytes - 1) / options.slab_bytes;
+      slabs < kFewSlabs) {
+    std::fprintf(stderr,
+                 "kvtier-server: warning: host_tier.slab_bytes %llu cuts host_tier.capacity_bytes %llu into %llu "
+                 "slab(s): the first block of each new size evicts up to 1/%llu of the tier; lower "
+                 "host_tier.slab_bytes (and limits.max_block_bytes) to have at least %llu\n",
+                 static_cast<unsigned long long>(options.slab_bytes),
+                 static_cast<unsigned long long>(options.host_cache_bytes), static_cast<unsigned long long>(slabs),
+                 static_cast<unsigned long long>(slabs), static_cast<unsigned long long>(kFewSlabs));
+  }
   // The HBM tier, when asked for and a CUDA device is usable; without one the server runs without it.
   std::shared_ptr<DeviceTierMemory> hbm;
   if (options.hbm_memory_ratio > 0) {
@@ -274,7 +293,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
     // Probes that cannot present a client certificate (the kubelet's) get grpc.health.v1 here, in
     // plaintext, and nothing else: no cache or admin service is registered on this server.
     impl->plain_health = std::make_unique<PlainHealthService>();
+    grpc::EnableDefaultHealthCheckService(false);  // global: would register a second grpc.health.v1 here
     grpc::ServerBuilder health_builder;
+    health_builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);  // a port in use fails the start
     health_builder.AddListeningPort(options.health_address, grpc::InsecureServerCredentials(), &impl->health_port);
     health_builder.RegisterService(impl->plain_health.get());
     impl->health_server = health_builder.BuildAndStart();

@@ -4,7 +4,9 @@
 
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <map>
+#include <set>
 #include <sstream>
 
 #include <openssl/evp.h>
@@ -15,7 +17,9 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "kvtier/server/eviction_policy.h"
+#include "kvtier/server/slab_allocator.h"
 
 namespace kvtier::server {
 namespace {
@@ -86,6 +90,20 @@ Setter Bytes(T ServerOptions::*field) {
     return absl::OkStatus();
   };
 }
+// A plain non-negative integer (a count or an index: no size suffix).
+template <typename T>
+Setter Count(T ServerOptions::*field) {
+  return [field](const std::string& key, const YAML::Node& v, ServerOptions& o) -> absl::Status {
+    uint64_t n = 0;
+    if (!v.IsScalar() || !absl::SimpleAtoi(std::string(absl::StripAsciiWhitespace(v.Scalar())), &n)) {
+      return Bad(key, "must be a whole number");
+    }
+    if (n > std::numeric_limits<T>::max()) return Bad(key, "too large");
+    o.*field = static_cast<T>(n);
+    return absl::OkStatus();
+  };
+}
+
 Setter Duration(absl::Duration ServerOptions::*field) {
   return [field](const std::string& key, const YAML::Node& v, ServerOptions& o) -> absl::Status {
     if (!v.IsScalar()) return Bad(key, "must be a duration");
@@ -237,7 +255,7 @@ const std::map<std::string, std::map<std::string, Setter>>& Schema() {
       {"hbm_tier",
        {{"memory_ratio", Double(&ServerOptions::hbm_memory_ratio)},
         {"max_bytes", Bytes(&ServerOptions::hbm_max_bytes)},
-        {"device", Bytes(&ServerOptions::hbm_device)},
+        {"device", Count(&ServerOptions::hbm_device)},
         {"promote_on_hit", Bool(&ServerOptions::hbm_promote_on_hit)}}},
       {"disk_tier",
        {{"path", String(&ServerOptions::disk_path)},
@@ -245,7 +263,7 @@ const std::map<std::string, std::map<std::string, Setter>>& Schema() {
         {"promote_on_hit", Bool(&ServerOptions::promote_on_hit)}}},
       {"limits",
        {{"max_block_bytes", Bytes(&ServerOptions::max_block_bytes)},
-        {"max_blocks_per_request", Bytes(&ServerOptions::max_blocks_per_request)},
+        {"max_blocks_per_request", Count(&ServerOptions::max_blocks_per_request)},
         {"max_message_bytes", Bytes(&ServerOptions::max_message_bytes)},
         {"stream_chunk_bytes", Bytes(&ServerOptions::stream_chunk_bytes)}}},
       {"ucx",
@@ -255,8 +273,8 @@ const std::map<std::string, std::map<std::string, Setter>>& Schema() {
       {"events",
        {{"enabled", Bool(&ServerOptions::events_enabled)},
         {"pub_endpoint", String(&ServerOptions::events_pub_endpoint)},
-        {"replay_buffer_events", Bytes(&ServerOptions::events_replay_buffer_events)},
-        {"max_batch_events", Bytes(&ServerOptions::events_max_batch_events)},
+        {"replay_buffer_events", Count(&ServerOptions::events_replay_buffer_events)},
+        {"max_batch_events", Count(&ServerOptions::events_max_batch_events)},
         {"heartbeat_interval", Duration(&ServerOptions::events_heartbeat_interval)}}},
       {"eviction",
        {{"policy", String(&ServerOptions::eviction_policy)},
@@ -302,12 +320,30 @@ absl::Status ServerOptions::Validate() const {
   if (!metrics_address.empty() && !ValidHostPort(metrics_address)) {
     return Bad("server.metrics_address", "must be host:port or empty");
   }
+  if (!metrics_address.empty() && metrics_address.front() == '[') {  // Debian's civetweb has no IPv6
+    return Bad("server.metrics_address", "must be an IPv4 address or a host name (the /metrics server has no IPv6)");
+  }
   if (!ucx_listen_address.empty() && !ValidHostPort(ucx_listen_address)) {
     return Bad("ucx.listen_address", "must be host:port or empty");
   }
   if (ucx_transfer_timeout <= absl::ZeroDuration()) return Bad("ucx.transfer_timeout", "must be > 0");
+  if (!ucx_listen_address.empty() && !ucx_transports.empty()) {
+    const std::vector<std::string> tls = absl::StrSplit(ucx_transports, ',');
+    if (std::find(tls.begin(), tls.end(), "tcp") == tls.end()) {
+      return Bad("ucx.transports", absl::StrCat("\"", ucx_transports,
+                                                "\" must include tcp: clients connect through the tcp listener"));
+    }
+  }
   if (host_cache_bytes == 0) return Bad("host_tier.capacity_bytes", "must be > 0");
+  if (host_cache_bytes > SlabAllocator::kMaxCapacityBytes) {
+    return Bad("host_tier.capacity_bytes", absl::StrCat(host_cache_bytes, " is above the 128 TiB a process can map"));
+  }
   if (slab_bytes == 0) return Bad("host_tier.slab_bytes", "must be > 0");
+  if (const uint64_t slabs = host_cache_bytes / slab_bytes + (host_cache_bytes % slab_bytes != 0 ? 1 : 0);
+      slabs > SlabAllocator::kMaxSlabs) {
+    return Bad("host_tier.slab_bytes", absl::StrCat(slab_bytes, " cuts host_tier.capacity_bytes (", host_cache_bytes,
+                                                    ") into ", slabs, " slabs; at most ", SlabAllocator::kMaxSlabs));
+  }
   if (!(hbm_memory_ratio >= 0 && hbm_memory_ratio <= 1)) {
     return Bad("hbm_tier.memory_ratio", "must be in [0, 1] (0 = no HBM tier)");
   }
@@ -337,10 +373,13 @@ absl::Status ServerOptions::Validate() const {
       !s.ok()) {
     return Bad("eviction", std::string(s.message()));
   }
-  if (default_lease_ttl <= absl::ZeroDuration()) return Bad("leases.default_ttl", "must be > 0");
+  // An infinite lease would pin its block for the server's lifetime (a client that died holding it too).
+  const auto finite_positive = [](absl::Duration d) { return d > absl::ZeroDuration() && d != absl::InfiniteDuration(); };
+  if (!finite_positive(default_lease_ttl)) return Bad("leases.default_ttl", "must be > 0 and finite");
+  if (!finite_positive(max_lease_ttl)) return Bad("leases.max_ttl", "must be > 0 and finite");
   if (max_lease_ttl < default_lease_ttl) return Bad("leases.max_ttl", "must be >= leases.default_ttl");
-  if (reservation_ttl <= absl::ZeroDuration()) return Bad("leases.reservation_ttl", "must be > 0");
-  if (expiry_interval <= absl::ZeroDuration()) return Bad("leases.expiry_interval", "must be > 0");
+  if (!finite_positive(reservation_ttl)) return Bad("leases.reservation_ttl", "must be > 0 and finite");
+  if (!finite_positive(expiry_interval)) return Bad("leases.expiry_interval", "must be > 0 and finite");
   if (defrag_interval < absl::ZeroDuration()) return Bad("host_tier.defrag_interval", "must be >= 0 (0 = off)");
   if (!health_address.empty() && !ValidHostPort(health_address)) {
     return Bad("server.health_address", "must be host:port or empty");
@@ -383,10 +422,13 @@ absl::StatusOr<ServerOptions> ParseServerConfig(const std::string& yaml_text) {
   if (root.IsNull()) return options;
   if (!root.IsMap()) return absl::InvalidArgumentError("config: the top level must be a mapping");
   const auto& schema = Schema();
+  std::set<std::string> sections;
   for (const auto& section : root) {
     // Keys must be plain scalars: YAML allows sequences and maps as keys ("? [a]"), and as<>() throws.
     if (!section.first.IsScalar()) return absl::InvalidArgumentError("config: a section name must be a plain string");
     const std::string name = section.first.Scalar();
+    // YAML forbids a key twice in one mapping; yaml-cpp would keep both and the last would win silently.
+    if (!sections.insert(name).second) return Bad(name, "appears twice");
     if (name == "namespaces") {  // the one list-valued section
       if (absl::Status s = ParseNamespaces(section.second, options); !s.ok()) return s;
       continue;
@@ -411,10 +453,12 @@ absl::StatusOr<ServerOptions> ParseServerConfig(const std::string& yaml_text) {
     }
     if (section.second.IsNull()) continue;
     if (!section.second.IsMap()) return Bad(name, "must be a mapping");
+    std::set<std::string> keys;
     for (const auto& kv : section.second) {
       if (!kv.first.IsScalar()) return Bad(name, "keys must be plain strings");
       const std::string key = kv.first.Scalar();
       const std::string full = absl::StrCat(name, ".", key);
+      if (!keys.insert(key).second) return Bad(full, "appears twice");
       auto kit = sit->second.find(key);
       if (kit == sit->second.end()) {
         std::vector<std::string> known;

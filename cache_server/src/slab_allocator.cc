@@ -15,8 +15,17 @@ absl::StatusOr<std::unique_ptr<SlabAllocator>> SlabAllocator::Create(const SlabA
   if (a == 0 || (a & (a - 1)) != 0) {
     return absl::InvalidArgumentError(absl::StrCat("slot_alignment_bytes: must be a power of two, got ", a));
   }
-  const uint64_t num_slabs = (options.capacity_bytes + options.slab_bytes - 1) / options.slab_bytes;
-  if (num_slabs > 0xffffffffULL) return absl::InvalidArgumentError("slab_bytes: too small for capacity_bytes");
+  if (options.capacity_bytes > kMaxCapacityBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("capacity_bytes: ", options.capacity_bytes, " is above the 128 TiB a process can map"));
+  }
+  const uint64_t num_slabs =
+      options.capacity_bytes / options.slab_bytes + (options.capacity_bytes % options.slab_bytes != 0 ? 1 : 0);
+  if (num_slabs > kMaxSlabs) {
+    return absl::InvalidArgumentError(absl::StrCat("slab_bytes: ", options.slab_bytes, " cuts capacity_bytes (",
+                                                   options.capacity_bytes, ") into ", num_slabs,
+                                                   " slabs; at most ", kMaxSlabs));
+  }
   // Reserve address space only: pages are touched (and counted as resident) as blocks are written.
   void* p = nullptr;
   if (options.map_region) {

@@ -114,6 +114,9 @@ void ConfigureServerBuilder(grpc::ServerBuilder& builder, uint64_t max_message_b
   builder.SetMaxSendMessageSize(static_cast<int>(max_message_bytes));
   builder.AddChannelArgument("grpc.http2.lookahead_bytes", 16 << 20);
   builder.AddChannelArgument("grpc.http2.bdp_probe", 0);
+  // gRPC sets SO_REUSEPORT by default: a second server on a port in use would start and take half of
+  // the connections. A port in use must fail the start instead.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
 }
 
 }  // namespace kvtier::wire

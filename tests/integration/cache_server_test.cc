@@ -11,6 +11,7 @@
 #include "kvtier/common/fingerprint.h"
 #include "kvtier/server/block_store.h"
 #include "kvtier/server/server.h"
+#include "kvtier/v1/admin.grpc.pb.h"
 #include "kvtier/v1/cache.grpc.pb.h"
 #include "kvtier/wire/wire.h"
 #include "testing/status_matchers.h"
@@ -326,6 +327,34 @@ TEST_F(CacheServerTest, StoppedServerTurnsIntoCountedMissesWithinTheDeadline) {
   EXPECT_LT(absl::Now() - start, absl::Milliseconds(2 * 1500 + 500));
   EXPECT_EQ(client_->stats().misses_from_errors.load(), 8u);
   EXPECT_GE(client_->stats().rpc_errors.load(), 2u);
+}
+
+// A host tier smaller than limits.max_block_bytes: the server advertises, and enforces up front, what fits.
+TEST(SmallHostTierTest, MaxBlockBytesIsWhatTheHostTierCanHold) {
+  auto server = server::Server::Start({.node_id = "small", .metrics_address = "", .host_cache_bytes = 1ULL << 20});
+  ASSERT_OK(server);
+  const std::string address = "127.0.0.1:" + std::to_string((*server)->grpc_port());
+  auto channel = grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
+  auto admin = v1::AdminService::NewStub(channel);
+  grpc::ClientContext info_ctx;
+  v1::GetInfoRequest info_req;
+  v1::GetInfoResponse info;
+  ASSERT_TRUE(admin->GetInfo(&info_ctx, info_req, &info).ok());
+  EXPECT_EQ(info.max_block_bytes(), 1ULL << 20);
+  // 2 MiB blocks (8 layers x 8 heads x 128 x 64 tokens x bf16 x K and V): refused, not "no space" later.
+  auto cache = v1::CacheService::NewStub(channel);
+  v1::AllocateRequest req;
+  Namespace ns = TestNamespace();
+  ns.layout = {.num_layers = 8, .num_kv_heads = 8, .head_dim = 128, .block_tokens = 64};
+  ASSERT_EQ(ns.layout.ShardBytes(), 2ULL << 20);
+  wire::ToProto(ns, req.mutable_namespace_());
+  req.mutable_keys()->set_fingerprints(std::string(32, 'x'));
+  req.add_depths(0);
+  grpc::ClientContext ctx;
+  v1::AllocateResponse resp;
+  const grpc::Status st = cache->Allocate(&ctx, req, &resp);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << st.error_message();
+  EXPECT_NE(st.error_message().find("at most 1048576"), std::string::npos) << st.error_message();
 }
 
 }  // namespace

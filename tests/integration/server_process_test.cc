@@ -203,5 +203,54 @@ TEST(ServerProcessTest, BadConfigExitsWithAnErrorNamingTheKey) {
   EXPECT_NE(out.find("host_tier.capacity_bytes"), std::string::npos) << out;
 }
 
+// Runs kvtier-server with `args` until it exits (stopped after 20 s: exit status 124); returns its exit
+// status and sets `out` to what it printed.
+int RunServer(const std::string& args, std::string& out) {
+  const std::string cmd = "timeout 20 " + testing::BinaryDir() + "/cache_server/kvtier-server " + args + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  if (p == nullptr) return -1;
+  char buf[512];
+  while (fgets(buf, sizeof(buf), p) != nullptr) out += buf;
+  return pclose(p);
+}
+
+TEST(ServerProcessTest, ASecondServerOnAPortInUseRefusesToStart) {
+  auto first = ServerProcess::Start("first");
+  ASSERT_OK(first);
+  // gRPC's default SO_REUSEPORT would let the second one listen too and take half of the connections.
+  std::string out;
+  const int status = RunServer("--node_id=second --metrics_address=none --listen_address=" + (*first)->address(), out);
+  ASSERT_TRUE(WIFEXITED(status)) << out;
+  EXPECT_EQ(WEXITSTATUS(status), 1) << out;
+  EXPECT_NE(out.find("cannot listen on " + (*first)->address()), std::string::npos) << out;
+  // Every connection still reaches the first.
+  for (int i = 0; i < 4; ++i) {
+    auto client = client::Client::Connect({.members = {(*first)->address()}});
+    ASSERT_OK(client);
+    EXPECT_EQ((*client)->members().at(0).node_id, "first");
+  }
+}
+
+TEST(ServerProcessTest, AnUnreadableFileTheConfigNamesIsAUsageError) {
+  std::string out;
+  const int status = RunServer("--node_id=x --metrics_address=none --listen_address=127.0.0.1:0 "
+                               "--config=/nonexistent/kvtier-server.yaml", out);
+  ASSERT_TRUE(WIFEXITED(status)) << out;
+  EXPECT_EQ(WEXITSTATUS(status), 2) << out;
+  char path[] = "/tmp/kvtier-tls-config-XXXXXX";
+  const int fd = mkstemp(path);
+  ASSERT_GE(fd, 0);
+  const std::string yaml = "tls:\n  cert_file: /nonexistent/cert.pem\n  key_file: /nonexistent/key.pem\n";
+  ASSERT_EQ(write(fd, yaml.data(), yaml.size()), static_cast<ssize_t>(yaml.size()));
+  close(fd);
+  out.clear();
+  const int tls_status = RunServer(std::string("--node_id=x --metrics_address=none --listen_address=127.0.0.1:0 "
+                                               "--config=") + path, out);
+  unlink(path);
+  ASSERT_TRUE(WIFEXITED(tls_status)) << out;
+  EXPECT_EQ(WEXITSTATUS(tls_status), 2) << out;
+  EXPECT_NE(out.find("tls.cert_file"), std::string::npos) << out;
+}
+
 }  // namespace
 }  // namespace kvtier

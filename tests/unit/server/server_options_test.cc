@@ -71,6 +71,52 @@ TEST(ServerConfigTest, ErrorsNameTheKey) {
   ExpectErrorNames("server: [1, 2]\n", "server");
 }
 
+TEST(ServerConfigTest, SizesThatCannotWorkAreRefused) {
+  // 2^64 - 1 bytes: more than a process can map (it used to wrap to a 2 MiB region of no slabs).
+  ExpectErrorNames("server: {node_id: a}\nhost_tier: {capacity_bytes: 18446744073709551615}\n",
+                   "host_tier.capacity_bytes");
+  ExpectErrorNames("server: {node_id: a}\nhost_tier: {capacity_bytes: 129TiB}\n", "host_tier.capacity_bytes");
+  // 1-byte slabs of 1 GiB: a billion slab records.
+  ExpectErrorNames("server: {node_id: a}\nhost_tier: {slab_bytes: 1}\nlimits: {max_block_bytes: 1}\n",
+                   "host_tier.slab_bytes");
+  auto o = ParseServerConfig("server: {node_id: a}\nhost_tier: {capacity_bytes: 1TiB, slab_bytes: 1MiB}\n"
+                             "limits: {max_block_bytes: 1MiB}\n");
+  ASSERT_OK(o);
+  EXPECT_OK(o->Validate());  // 2^20 slabs: the most allowed
+}
+
+TEST(ServerConfigTest, InfiniteLeasesAreRefused) {
+  ExpectErrorNames("server: {node_id: a}\nleases: {default_ttl: inf, max_ttl: inf}\n", "leases.default_ttl");
+  ExpectErrorNames("server: {node_id: a}\nleases: {max_ttl: inf}\n", "leases.max_ttl");
+  ExpectErrorNames("server: {node_id: a}\nleases: {reservation_ttl: inf}\n", "leases.reservation_ttl");
+}
+
+TEST(ServerConfigTest, CountsAreWholeNumbersNotSizes) {
+  ExpectErrorNames("server: {node_id: a}\nhbm_tier: {device: 1KiB}\n", "hbm_tier.device");
+  ExpectErrorNames("server: {node_id: a}\nlimits: {max_blocks_per_request: 64Ki}\n", "limits.max_blocks_per_request");
+  ExpectErrorNames("server: {node_id: a}\nlimits: {max_blocks_per_request: -1}\n", "limits.max_blocks_per_request");
+  auto o = ParseServerConfig("server: {node_id: a}\nhbm_tier: {device: 3}\n");
+  ASSERT_OK(o);
+  EXPECT_EQ(o->hbm_device, 3u);
+}
+
+TEST(ServerConfigTest, ASectionOrKeyGivenTwiceIsRefused) {
+  ExpectErrorNames("server: {node_id: a}\nserver: {node_id: b}\n", "server");
+  ExpectErrorNames("server:\n  node_id: a\n  node_id: b\n", "server.node_id");
+}
+
+TEST(ServerConfigTest, UcxTransportsMustIncludeTheTcpListener) {
+  ExpectErrorNames("server: {node_id: a}\nucx: {listen_address: \"127.0.0.1:0\", transports: shm}\n",
+                   "ucx.transports");
+  auto o = ParseServerConfig("server: {node_id: a}\nucx: {listen_address: \"127.0.0.1:0\", transports: \"tcp,shm\"}\n");
+  ASSERT_OK(o);
+  EXPECT_OK(o->Validate());
+}
+
+TEST(ServerConfigTest, MetricsAddressIsIpv4OrAHostName) {
+  ExpectErrorNames("server: {node_id: a, metrics_address: \"[::1]:0\"}\n", "server.metrics_address");
+}
+
 TEST(ServerConfigTest, NonScalarKeysAreInvalidArgumentNotACrash) {
   // Found by config_fuzzer: YAML allows complex keys, which yaml-cpp refuses to convert to strings.
   EXPECT_EQ(ParseServerConfig("?\n-").status().code(), absl::StatusCode::kInvalidArgument);

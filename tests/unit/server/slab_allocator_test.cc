@@ -78,6 +78,18 @@ TEST(SlabAllocatorTest, RefusesBlocksLargerThanASlabAndBadOptions) {
   EXPECT_FALSE(SlabAllocator::Create({.capacity_bytes = 1 << 20, .slab_bytes = 1 << 20, .slot_alignment_bytes = 48}).ok());
 }
 
+TEST(SlabAllocatorTest, RefusesCapacitiesAndSlabCountsItCannotHold) {
+  // Near 2^64, the slab count and the mapping size used to wrap around.
+  for (uint64_t capacity : {~uint64_t{0}, ~uint64_t{0} - 1, SlabAllocator::kMaxCapacityBytes + 1}) {
+    auto a = SlabAllocator::Create({.capacity_bytes = capacity, .slab_bytes = 64ULL << 20});
+    EXPECT_EQ(a.status().code(), absl::StatusCode::kInvalidArgument) << capacity;
+  }
+  // 1-byte slabs of 1 GiB: a billion slab records, refused before any is made.
+  auto tiny = SlabAllocator::Create({.capacity_bytes = 1ULL << 30, .slab_bytes = 1});
+  EXPECT_EQ(tiny.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(tiny.status().message().find("slab_bytes"), std::string::npos) << tiny.status();
+}
+
 TEST(SlabAllocatorTest, IsLastInSlabTracksUse) {
   auto a = SlabAllocator::Create({.capacity_bytes = 1ULL << 20, .slab_bytes = 1ULL << 20});
   ASSERT_OK(a);

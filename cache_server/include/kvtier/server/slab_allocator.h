@@ -40,7 +40,11 @@ struct SlotRef {
 // allocator's lifetime; what they hold is the caller's business.
 class SlabAllocator {
  public:
-  // Errors: InvalidArgument (zero sizes, alignment not a power of two), ResourceExhausted (mmap failed).
+  static constexpr uint64_t kMaxCapacityBytes = 1ULL << 47;  // 128 TiB: the x86-64 user address space
+  static constexpr uint64_t kMaxSlabs = 1ULL << 20;          // slab records (about 100 bytes each) at most
+
+  // Errors: InvalidArgument (zero sizes, capacity_bytes above kMaxCapacityBytes, more than kMaxSlabs
+  // slabs, alignment not a power of two), ResourceExhausted (mmap failed).
   static absl::StatusOr<std::unique_ptr<SlabAllocator>> Create(const SlabAllocatorOptions& options);
   ~SlabAllocator();
   SlabAllocator(const SlabAllocator&) = delete;

@@ -35,7 +35,7 @@ absl::Status FromGrpc(const grpc::Status& s);
 // Channel arguments for multi-MiB blocks: message limits of `max_message_bytes` both ways and HTTP/2 flow
 // control opened up (16 MiB lookahead, no BDP probing), as measured in TOOLCHAIN.md.
 grpc::ChannelArguments ChannelArgs(uint64_t max_message_bytes);
-// The same settings for a server builder.
+// The same settings for a server builder, and no SO_REUSEPORT: a port already in use fails the start.
 void ConfigureServerBuilder(grpc::ServerBuilder& builder, uint64_t max_message_bytes);
 
 }  // namespace kvtier::wire
