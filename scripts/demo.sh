@@ -30,9 +30,16 @@ TRANSPORT=auto
 NODES=3
 REPLICATION_FACTOR=1
 HOT_READ_REPLICAS=0
+need_value() {  # the option $1 takes a value: $2 is it
+  [[ $# -ge 2 && -n "$2" ]] || { echo "demo.sh: $1 needs a value (see --help)" >&2; exit 2; }
+}
 while [[ $# -gt 0 ]]; do
   case "$1" in
-    --trace) TRACE=$(realpath "$2"); shift 2 ;;
+    --trace|--capacity-blocks|--limit|--block-bytes|--disk-blocks|--policy|--transport|--replication-factor|\
+    --hot-read-replicas) need_value "$@" ;;
+  esac
+  case "$1" in
+    --trace) TRACE=$(realpath -e "$2") || { echo "demo.sh: --trace: no file $2" >&2; exit 2; }; shift 2 ;;
     --capacity-blocks) CAPACITY_BLOCKS=$2; shift 2 ;;
     --json) JSON=1; shift ;;
     --limit) LIMIT=$2; shift 2 ;;
@@ -49,6 +56,17 @@ done
 
 log() { echo "demo.sh: $*" >&2; }
 
+# Numbers are checked before anything starts (bash arithmetic would read a word as a variable name).
+whole() {  # $1: option, $2: value, $3: smallest allowed
+  [[ "$2" =~ ^[0-9]+$ && "$2" -ge "$3" ]] || { echo "demo.sh: $1 must be a whole number >= $3, got \"$2\"" >&2; exit 2; }
+}
+whole --capacity-blocks "$CAPACITY_BLOCKS" 1
+whole --limit "$LIMIT" 0
+whole --block-bytes "$BLOCK_BYTES" 1
+whole --disk-blocks "$DISK_BLOCKS" 0
+whole --replication-factor "$REPLICATION_FACTOR" 1
+whole --hot-read-replicas "$HOT_READ_REPLICAS" 0
+
 if [[ -z "${KVTIER_SKIP_BUILD:-}" ]]; then  # set it to reuse an existing build/ as it is
   scripts/install-deps.sh >&2
   scripts/build.sh >&2
@@ -58,6 +76,9 @@ BUILD=${KVTIER_BUILD_DIR:-build}
 # Each server holds an equal share of the capacity (its slots are exactly block-sized).
 PER_NODE_BLOCKS=$(( (CAPACITY_BLOCKS + NODES - 1) / NODES ))
 HOST_BYTES=$(( PER_NODE_BLOCKS * BLOCK_BYTES ))
+# Slabs of about 4 MiB, a whole number of blocks: a block of another size (a client trying the cluster
+# with its own blocks) then takes one slab, not the whole tier (docs/architecture.md "Size classes").
+SLAB_BYTES=$(( BLOCK_BYTES * ( (4 << 20) / BLOCK_BYTES > 1 ? (4 << 20) / BLOCK_BYTES : 1 ) ))
 WORK=$(mktemp -d /tmp/kvtier-demo-XXXXXX)
 PIDS=()
 cleanup() {
@@ -85,7 +106,7 @@ for i in $(seq 1 "$NODES"); do
   fi
   "$BUILD/cache_server/kvtier-server" --node_id="node-$i" --listen_address=127.0.0.1:0 \
     --metrics_address=127.0.0.1:0 --port_file="$WORK/node-$i.port" \
-    --host_cache_bytes="$HOST_BYTES" --eviction_policy="$POLICY" "${DISK_ARGS[@]}" "${UCX_ARGS[@]}" 2>"$WORK/node-$i.log" &
+    --host_cache_bytes="$HOST_BYTES" --slab_bytes="$SLAB_BYTES" --max_block_bytes="$SLAB_BYTES" --eviction_policy="$POLICY" "${DISK_ARGS[@]}" "${UCX_ARGS[@]}" 2>"$WORK/node-$i.log" &
   PIDS+=($!)
 done
 for i in $(seq 1 "$NODES"); do
