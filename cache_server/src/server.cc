@@ -164,7 +164,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
       slabs < kFewSlabs) {
     std::fprintf(stderr,
                  "kvtier-server: warning: host_tier.slab_bytes %llu cuts host_tier.capacity_bytes %llu into %llu "
-                 "slab(s): the first block of each new size evicts up to 1/%llu of the tier; lower "
+                 "slab(s), and the first block of each new size may evict a whole slab (1/%llu of the tier); lower "
                  "host_tier.slab_bytes (and limits.max_block_bytes) to have at least %llu\n",
                  static_cast<unsigned long long>(options.slab_bytes),
                  static_cast<unsigned long long>(options.host_cache_bytes), static_cast<unsigned long long>(slabs),
