@@ -184,25 +184,6 @@ TEST(ServerProcessTest, DiskTierComesBackAfterKillDashNineUnderTheSameNodeId) {
   std::filesystem::remove_all(dir_template);
 }
 
-TEST(ServerProcessTest, BadConfigExitsWithAnErrorNamingTheKey) {
-  char path[] = "/tmp/kvtier-bad-config-XXXXXX";
-  const int fd = mkstemp(path);
-  ASSERT_GE(fd, 0);
-  const std::string yaml = "server:\n  node_id: x\nhost_tier:\n  capacity_bytes: many\n";
-  ASSERT_EQ(write(fd, yaml.data(), yaml.size()), static_cast<ssize_t>(yaml.size()));
-  close(fd);
-  const std::string cmd = testing::BinaryDir() + "/cache_server/kvtier-server --config=" + path + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  ASSERT_NE(p, nullptr);
-  std::string out;
-  char buf[512];
-  while (fgets(buf, sizeof(buf), p) != nullptr) out += buf;
-  const int status = pclose(p);
-  unlink(path);
-  EXPECT_EQ(WEXITSTATUS(status), 2);
-  EXPECT_NE(out.find("host_tier.capacity_bytes"), std::string::npos) << out;
-}
-
 // Runs kvtier-server with `args` until it exits (stopped after 20 s: exit status 124); returns its exit
 // status and sets `out` to what it printed.
 int RunServer(const std::string& args, std::string& out) {
@@ -212,6 +193,27 @@ int RunServer(const std::string& args, std::string& out) {
   char buf[512];
   while (fgets(buf, sizeof(buf), p) != nullptr) out += buf;
   return pclose(p);
+}
+
+// A temporary config file holding `yaml`; the caller unlinks it. Empty when it could not be written.
+std::string WriteConfig(const std::string& yaml) {
+  char path[] = "/tmp/kvtier-config-XXXXXX";
+  const int fd = mkstemp(path);
+  if (fd < 0) return "";
+  const bool written = write(fd, yaml.data(), yaml.size()) == static_cast<ssize_t>(yaml.size());
+  close(fd);
+  if (!written) unlink(path);
+  return written ? path : "";
+}
+
+TEST(ServerProcessTest, BadConfigExitsWithAnErrorNamingTheKey) {
+  const std::string path = WriteConfig("server:\n  node_id: x\nhost_tier:\n  capacity_bytes: many\n");
+  ASSERT_FALSE(path.empty());
+  std::string out;
+  const int status = RunServer("--config=" + path, out);
+  unlink(path.c_str());
+  EXPECT_EQ(WEXITSTATUS(status), 2);
+  EXPECT_NE(out.find("host_tier.capacity_bytes"), std::string::npos) << out;
 }
 
 TEST(ServerProcessTest, ASecondServerOnAPortInUseRefusesToStart) {
@@ -237,16 +239,12 @@ TEST(ServerProcessTest, AnUnreadableFileTheConfigNamesIsAUsageError) {
                                "--config=/nonexistent/kvtier-server.yaml", out);
   ASSERT_TRUE(WIFEXITED(status)) << out;
   EXPECT_EQ(WEXITSTATUS(status), 2) << out;
-  char path[] = "/tmp/kvtier-tls-config-XXXXXX";
-  const int fd = mkstemp(path);
-  ASSERT_GE(fd, 0);
-  const std::string yaml = "tls:\n  cert_file: /nonexistent/cert.pem\n  key_file: /nonexistent/key.pem\n";
-  ASSERT_EQ(write(fd, yaml.data(), yaml.size()), static_cast<ssize_t>(yaml.size()));
-  close(fd);
+  const std::string path = WriteConfig("tls:\n  cert_file: /nonexistent/cert.pem\n  key_file: /nonexistent/key.pem\n");
+  ASSERT_FALSE(path.empty());
   out.clear();
-  const int tls_status = RunServer(std::string("--node_id=x --metrics_address=none --listen_address=127.0.0.1:0 "
-                                               "--config=") + path, out);
-  unlink(path);
+  const int tls_status =
+      RunServer("--node_id=x --metrics_address=none --listen_address=127.0.0.1:0 --config=" + path, out);
+  unlink(path.c_str());
   ASSERT_TRUE(WIFEXITED(tls_status)) << out;
   EXPECT_EQ(WEXITSTATUS(tls_status), 2) << out;
   EXPECT_NE(out.find("tls.cert_file"), std::string::npos) << out;
