@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "kvtier/common/host_port.h"
 #include "kvtier/server/eviction_policy.h"
 #include "kvtier/server/slab_allocator.h"
 
@@ -28,12 +29,8 @@ absl::Status Bad(const std::string& key, const std::string& why) {
   return absl::InvalidArgumentError(absl::StrCat(key, ": ", why));
 }
 
-bool ValidHostPort(const std::string& s) {
-  const size_t colon = s.rfind(':');
-  if (colon == std::string::npos || colon == 0) return false;
-  int port = 0;
-  return absl::SimpleAtoi(s.substr(colon + 1), &port) && port >= 0 && port <= 65535;
-}
+// A listen address: port 0 lets the kernel pick.
+bool ValidHostPort(const std::string& s) { return ParseHostPort(s, /*min_port=*/0).ok(); }
 
 }  // namespace
 

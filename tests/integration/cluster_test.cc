@@ -12,6 +12,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "absl/strings/str_cat.h"
 #include "kvtier/client/client.h"
 #include "kvtier/common/fingerprint.h"
 #include "kvtier/v1/admin.grpc.pb.h"
@@ -51,6 +52,17 @@ class ClusterTest : public ::testing::Test {
   std::vector<std::unique_ptr<ServerProcess>> procs_;
   std::unique_ptr<client::Client> client_;
 };
+
+TEST_F(ClusterTest, ConnectRefusesAMemberWhosePortIsOutOfRange) {
+  // A port 65536 above a live server's would reach it if it were taken modulo 2^16.
+  const std::string wrapped = absl::StrCat("127.0.0.1:", procs_[0]->grpc_port() + 65536);
+  for (const std::string& member : {wrapped, std::string("127.0.0.1:-1"), "node-9=" + wrapped}) {
+    auto c = client::Client::Connect({.members = {member}, .connect_timeout = absl::Seconds(2)});
+    ASSERT_FALSE(c.ok()) << member;
+    EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument) << c.status();
+    EXPECT_NE(c.status().message().find(member), std::string::npos) << c.status();
+  }
+}
 
 TEST_F(ClusterTest, LookupOfBlocksSpanningAllOwnersIsOneQueryPerOwner) {
   bench::ReplayOptions ro{.block_tokens = 16, .block_bytes = 2 * 16 * 2 * 64};

@@ -21,6 +21,7 @@
 #include "kvtier/client/dns_resolver.h"
 #include "kvtier/common/block_key.h"
 #include "kvtier/common/checksum.h"
+#include "kvtier/common/host_port.h"
 #include "kvtier/common/similarity.h"
 #include "kvtier/v1/admin.grpc.pb.h"
 #include "kvtier/v1/cache.grpc.pb.h"
@@ -68,8 +69,10 @@ absl::Status ClientOptions::Validate() const {
   }
   for (const std::string& m : members) {
     const std::string addr = m.substr(m.find('=') == std::string::npos ? 0 : m.find('=') + 1);
-    if (addr.find(':') == std::string::npos) {
-      return absl::InvalidArgumentError(absl::StrCat("members: \"", m, "\" is not host:port or node_id=host:port"));
+    if (auto hp = ParseHostPort(addr); !hp.ok()) {
+      // gRPC would take port 100403 as 34867: refuse it here, naming the member.
+      return absl::InvalidArgumentError(
+          absl::StrCat("members: \"", m, "\" is not host:port or node_id=host:port: ", hp.status().message()));
     }
   }
   if (!members_dns.empty()) {

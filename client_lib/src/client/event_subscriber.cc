@@ -13,6 +13,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "client/event_sequence.h"
+#include "kvtier/common/host_port.h"
 #include "kvtier/v1/events.grpc.pb.h"
 #include "kvtier/wire/channel_security.h"
 #include "kvtier/wire/wire.h"
@@ -351,6 +352,11 @@ EventSubscriber::~EventSubscriber() {
 
 absl::StatusOr<std::unique_ptr<EventSubscriber>> EventSubscriber::Start(const EventSubscriberOptions& options) {
   if (options.members.empty()) return absl::InvalidArgumentError("members: at least one server is required");
+  for (const std::string& m : options.members) {
+    if (auto hp = ParseHostPort(m); !hp.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("members: ", hp.status().message()));
+    }
+  }
   if (options.rpc_timeout <= absl::ZeroDuration()) return absl::InvalidArgumentError("rpc_timeout: must be > 0");
   if (options.retry_interval <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("retry_interval: must be > 0");
