@@ -71,11 +71,16 @@ int RunLs(const CtlOptions& options, const LsOptions& ls) {
   size_t pos = 0;
   uint64_t cursor = 0;
   if (!ls.cursor.empty()) {
+    // Both parts whole decimal numbers: from_chars reports an empty or out-of-range part only in ec.
+    auto whole = [](const char* b, const char* e, auto& v) {
+      const auto [end, ec] = std::from_chars(b, e, v);
+      return b != e && ec == std::errc() && end == e;
+    };
     const size_t colon = ls.cursor.find(':');
     const char* b = ls.cursor.data();
     const char* e = b + ls.cursor.size();
-    if (colon == std::string::npos || std::from_chars(b, b + colon, pos).ptr != b + colon ||
-        std::from_chars(b + colon + 1, e, cursor).ptr != e || pos >= selected->size()) {
+    if (colon == std::string::npos || !whole(b, b + colon, pos) || !whole(b + colon + 1, e, cursor) ||
+        pos >= selected->size()) {
       std::cerr << "kvtierctl: --cursor \"" << ls.cursor
                 << "\" is not a cursor of this listing (pass back next_cursor with the same members and --node)\n";
       return kExitUsage;

@@ -17,6 +17,7 @@
 #include <grpcpp/grpcpp.h>
 #include <nlohmann/json.hpp>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/clock.h"
@@ -42,6 +43,9 @@ constexpr int kExitCorrupt = 4;      // verify: some block failed its checksum
 // Options every command takes (before or after the subcommand).
 struct CtlOptions {
   std::vector<std::string> members;                        // host:port, in the order given; required
+  // Node ids given as node_id=host:port, by address: such a member is on the ring under that id (as a
+  // client places it) whether or not it answers. The others are placed by the id they report.
+  absl::flat_hash_map<std::string, std::string> node_ids;
   absl::Duration rpc_timeout = absl::Milliseconds(2000);   // deadline of every unary RPC
   bool json = false;                                       // one JSON object on stdout instead of tables
   uint32_t virtual_nodes = HashRing::kDefaultVirtualNodes; // ring points per member, as the client's default

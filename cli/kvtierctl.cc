@@ -1,18 +1,21 @@
 // kvtierctl: the kvtier admin CLI (docs/kvtierctl.md).
-//   kvtierctl --members host:port,... status | stats | groups | ls | inspect | lookup | evict | drain | verify [--json]
+//   kvtierctl --members [node_id=]host:port,... status | stats | groups | ls | inspect | lookup | evict | drain | verify [--json]
 // main() is the only code that reads argv, files named by flags, or the environment (KVTIER_MEMBERS,
 // KVTIER_TENANT_SALT); the commands (commands.h) take option structs. Every member is asked in parallel
 // under one deadline, so a dead member costs at most --timeout-ms, and the report is printed with
 // whatever answered (exit code 3 says something did not).
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdint>
 #include <fstream>
 #include <iostream>
+#include <limits>
 #include <optional>
 #include <span>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <CLI/CLI.hpp>
@@ -22,9 +25,11 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "commands.h"
 #include "kvtier/client/dns_resolver.h"
+#include "kvtier/common/host_port.h"
 #include "namespace_flags.h"
 #include "replayer.h"
 
@@ -38,11 +43,41 @@ constexpr const char* kFooter =
     "Exit codes (when several apply, the highest):\n"
     "  0  done; every member asked answered (status: and reports SERVING)\n"
     "  1  other failure (e.g. two members report the same node id; inspect: no member holds the block)\n"
-    "  2  usage error (bad flag or argument)\n"
+    "  2  usage error (bad flag or argument, or a file a flag names cannot be read)\n"
     "  3  some member is unreachable, failed, or is not SERVING; the report is still printed\n"
     "  4  verify found corrupt blocks\n"
     "\n"
     "See docs/kvtierctl.md.";
+
+// CLI::Range for seconds, which also rejects "nan" (every comparison with NaN is false, so Range
+// alone lets it through).
+CLI::Validator SecondsRange(double min, double max) {
+  return CLI::Validator(
+      [min, max](std::string& text) -> std::string {
+        double v = 0;
+        if (!absl::SimpleAtod(text, &v) || !std::isfinite(v) || v < min || v > max) {
+          return absl::StrCat("\"", text, "\" is not a number of seconds in [", min, " - ", max, "]");
+        }
+        return "";
+      },
+      absl::StrCat("SECONDS in [", min, " - ", max, "]"));
+}
+
+// The longest prompt lookup takes (--tokens-file, or --trace-line's hash_ids x --block-tokens): 16 Mi
+// tokens, 64 MiB of token ids, far above any model's context.
+constexpr uint64_t kMaxPromptTokens = uint64_t{16} << 20;
+
+// One --members entry: "host:port" or "node_id=host:port" (as ClientOptions::members), blanks around
+// it ignored. Returns {node_id or "", address}. Errors: InvalidArgument naming the entry.
+absl::StatusOr<std::pair<std::string, std::string>> ParseMember(absl::string_view entry) {
+  const absl::string_view m = absl::StripAsciiWhitespace(entry);
+  const size_t eq = m.find('=');
+  const absl::string_view address = eq == absl::string_view::npos ? m : m.substr(eq + 1);
+  if (eq == 0) return absl::InvalidArgumentError(absl::StrCat("\"", m, "\" has an empty node id before '='"));
+  if (auto hp = kvtier::ParseHostPort(address); !hp.ok()) return hp.status();
+  return std::pair<std::string, std::string>(eq == absl::string_view::npos ? "" : std::string(m.substr(0, eq)),
+                                             std::string(address));
+}
 
 int UsageError(const std::string& message) {
   std::cerr << message << "\nRun with --help for more information.\n";
@@ -64,6 +99,10 @@ absl::StatusOr<std::vector<uint32_t>> ReadTokens(const std::string& path) {
   size_t n = 0;
   while (text >> word) {
     ++n;
+    if (n > kMaxPromptTokens) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--tokens-file: more than ", kMaxPromptTokens, " tokens, the longest prompt lookup takes"));
+    }
     uint32_t t = 0;
     if (!absl::SimpleAtoi(word, &t)) {
       return absl::InvalidArgumentError(
@@ -83,10 +122,22 @@ absl::StatusOr<std::vector<uint32_t>> TraceLineTokens(const std::string& line, u
   if (!j.contains("hash_ids") || !j["hash_ids"].is_array()) {
     return absl::InvalidArgumentError("--trace-line: no \"hash_ids\" array");
   }
-  if (j.contains("input_length") && j["input_length"].is_number_unsigned()) {
-    *input_length = j["input_length"].get<uint32_t>();
+  if (j.contains("input_length") && !j["input_length"].is_null()) {
+    const nlohmann::json& n = j["input_length"];
+    if (!n.is_number_unsigned() || n.get<uint64_t>() > std::numeric_limits<uint32_t>::max()) {
+      return absl::InvalidArgumentError(absl::StrCat("--trace-line: \"input_length\" is ", n.dump(),
+                                                     ", not an integer in [0, 4294967295]"));
+    }
+    *input_length = n.get<uint32_t>();
   }
-  std::vector<uint32_t> tokens(j["hash_ids"].size() * block_tokens);
+  // hash_ids x block_tokens tokens are made; both come from the user, so bound the product first.
+  const uint64_t num_ids = j["hash_ids"].size();
+  if (block_tokens > 0 && num_ids > kMaxPromptTokens / block_tokens) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--trace-line: ", num_ids, " hash_ids of ", block_tokens, " tokens (--block-tokens) are more than ",
+                     kMaxPromptTokens, " tokens, the longest prompt lookup takes"));
+  }
+  std::vector<uint32_t> tokens(num_ids * block_tokens);
   for (size_t i = 0; i < j["hash_ids"].size(); ++i) {
     const nlohmann::json& id = j["hash_ids"][i];
     if (!id.is_number_unsigned()) {
@@ -133,20 +184,19 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   app.fallthrough();  // global options may also follow the subcommand: `kvtierctl status --json`
 
-  std::vector<std::string> members;
-  app.add_option("--members", members, "Comma-separated host:port of every member (gRPC address)")
-      ->delimiter(',')
+  // Each --members (or $KVTIER_MEMBERS) is kept whole and split at commas below, so that an empty list
+  // such as ",,," is reported as such instead of making CLI11 take the next word as a member.
+  std::vector<std::string> member_lists;
+  app.add_option("--members", member_lists,
+                 "Comma-separated host:port (or node_id=host:port) of every member (gRPC address)")
       ->expected(1)
       ->allow_extra_args(false)  // one list per --members: a stray word is an error, not a member
       ->take_all()               // --members may be repeated; the lists are joined
       ->envname("KVTIER_MEMBERS")
-      ->type_name("HOST:PORT,...")
-      ->check([](const std::string& m) -> std::string {
-        const absl::string_view s = absl::StripAsciiWhitespace(m);
-        if (s.empty()) return "";  // tolerate "a:1,,b:2" and a trailing comma
-        const size_t colon = s.rfind(':');
-        if (colon == absl::string_view::npos || colon == 0 || colon + 1 == s.size()) {
-          return absl::StrCat("\"", m, "\" is not host:port");
+      ->type_name("[ID=]HOST:PORT,...")
+      ->check([](const std::string& list) -> std::string {
+        for (absl::string_view m : absl::StrSplit(list, ',', absl::SkipWhitespace())) {
+          if (absl::Status s = ParseMember(m).status(); !s.ok()) return std::string(s.message());
         }
         return "";
       });
@@ -194,7 +244,7 @@ int main(int argc, char** argv) {
   double interval_s = 0;
   stats->add_option("--interval-s", interval_s,
                     "Take two snapshots this many seconds apart and also print per-second rates")
-      ->check(CLI::Range(0.001, 86400.0));
+      ->check(SecondsRange(0.001, 86400.0));
 
   // groups
   CLI::App* groups = app.add_subcommand(
@@ -266,23 +316,37 @@ int main(int argc, char** argv) {
   bool no_progress = false;
   verify->add_option("--node", verify_options.nodes, "Only this member (node id or address); may be repeated");
   verify->add_option("--deadline-s", deadline_s, "Give up on a member's scrub after this many seconds")
-      ->check(CLI::Range(0.001, 7 * 86400.0))
+      ->check(SecondsRange(0.001, 7 * 86400.0))
       ->capture_default_str();
   verify->add_flag("--no-progress", no_progress, "No progress on stderr");
 
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
+    // "kvtierctl --members X bogus": CLI11 leaves "bogus" unparsed and reports only that no subcommand
+    // was given; name the word instead.
+    if (dynamic_cast<const CLI::RequiredError*>(&e) != nullptr && app.get_subcommands().empty()) {
+      const std::vector<std::string> rest = app.remaining();
+      if (!rest.empty() && !rest[0].empty() && rest[0][0] != '-') {
+        return UsageError(absl::StrCat("unknown subcommand \"", rest[0],
+                                       "\" (status, stats, groups, ls, inspect, lookup, evict, drain or verify)"));
+      }
+    }
     return app.exit(e) == 0 ? kExitOk : kExitUsage;  // --help exits 0
   }
 
   CtlOptions options;
   absl::flat_hash_set<std::string> seen;
-  for (const std::string& m : members) {
-    const std::string address(absl::StripAsciiWhitespace(m));
-    if (address.empty()) continue;
-    if (!seen.insert(address).second) return UsageError(absl::StrCat("--members: ", address, " is given twice"));
-    options.members.push_back(address);
+  for (const std::string& list : member_lists) {
+    // "a:1,,b:2" and a trailing comma are tolerated.
+    for (absl::string_view m : absl::StrSplit(list, ',', absl::SkipWhitespace())) {
+      auto member = ParseMember(m);
+      if (!member.ok()) return UsageError(absl::StrCat("--members: ", member.status().message()));
+      const auto& [node_id, address] = *member;
+      if (!seen.insert(address).second) return UsageError(absl::StrCat("--members: ", address, " is given twice"));
+      options.members.push_back(address);
+      if (!node_id.empty()) options.node_ids[address] = node_id;
+    }
   }
   if (absl::Status s = kvtier::client::ValidateDnsServer(dns_server); !s.ok()) {
     return UsageError(absl::StrCat("--dns-server: ", s.message()));
@@ -305,20 +369,18 @@ int main(int argc, char** argv) {
       std::cerr << "kvtierctl: no member: --members-dns resolved to nothing\n";
       return kExitUnreachable;
     }
+    if (!member_lists.empty()) {
+      return UsageError(absl::StrCat("--members: empty member list (\"", absl::StrJoin(member_lists, ","), "\")"));
+    }
     return UsageError("--members: no member given (--members, --members-dns or $KVTIER_MEMBERS)");
   }
   options.rpc_timeout = absl::Milliseconds(timeout_ms);
   options.json = json;
   {
     auto credentials = kvtier::wire::MakeChannelCredentials(security, "--tls-");
-    if (!credentials.ok()) {
-      const absl::Status& s = credentials.status();
-      if (s.code() == absl::StatusCode::kInvalidArgument && s.message().find("PEM") == absl::string_view::npos) {
-        return UsageError(std::string(s.message()));
-      }
-      std::cerr << "kvtierctl: " << s.message() << "\n";
-      return kExitFailure;
-    }
+    // Bad TLS flags, and a --tls-*-file that cannot be read or holds no PEM block, are usage errors, as
+    // for every file a flag names (--tokens-file, --namespaces-file).
+    if (!credentials.ok()) return UsageError(std::string(credentials.status().message()));
     options.credentials = *std::move(credentials);
     options.security = security;
   }

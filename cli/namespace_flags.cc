@@ -12,6 +12,30 @@
 
 namespace kvtier::cli {
 
+namespace {
+
+// Namespace::Validate()'s error with the flag named instead of the struct field: the message starts
+// with "namespace.tenant:" or "layout.head_dim:".
+absl::Status NameTheFlag(const absl::Status& s) {
+  static const std::pair<const char*, const char*> kFlags[] = {
+      {"namespace.tenant_salt:", "--tenant-salt:"}, {"namespace.tenant:", "--tenant:"},
+      {"namespace.model:", "--model:"},             {"namespace.revision:", "--revision:"},
+      {"layout.num_layers:", "--num-layers:"},      {"layout.num_kv_heads:", "--kv-heads:"},
+      {"layout.head_dim:", "--head-dim:"},          {"layout.latent_dim:", "--latent-dim:"},
+      {"layout.block_tokens:", "--block-tokens:"},  {"layout.tp_size:", "--tp-size:"},
+      {"layout.quant_group_size:", "--group:"}};
+  std::string msg(s.message());
+  for (const auto& [field, flag] : kFlags) {
+    if (absl::StartsWith(msg, field)) {
+      msg = absl::StrCat(flag, msg.substr(std::string_view(field).size()));
+      break;
+    }
+  }
+  return absl::InvalidArgumentError(msg);
+}
+
+}  // namespace
+
 void NamespaceFlags::Register(CLI::App* app, bool with_salt) {
   constexpr const char* kGroup = "Namespace";
   tenant_opt_ = app->add_option("--tenant", tenant, "Tenant of the namespace")->group(kGroup);
@@ -55,8 +79,15 @@ absl::StatusOr<Namespace> NamespaceFlags::Build() const {
   Namespace ns;
   if (replay) {
     const uint32_t tokens = block_tokens_opt_ != nullptr && block_tokens_opt_->count() > 0 ? block_tokens : 512;
+    if (tokens == 0) return absl::InvalidArgumentError("--block-tokens: must be > 0");
     auto r = bench::ReplayNamespace({.block_tokens = tokens, .block_bytes = replay_block_bytes});
-    if (!r.ok()) return absl::InvalidArgumentError(absl::StrCat("--replay-block-bytes: ", r.status().message()));
+    if (!r.ok()) {
+      // ReplayNamespace's own check is of block_bytes; the rest is Namespace::Validate()'s.
+      if (absl::StartsWith(r.status().message(), "block_bytes")) {
+        return absl::InvalidArgumentError(absl::StrCat("--replay-block-bytes: ", r.status().message()));
+      }
+      return NameTheFlag(r.status());
+    }
     ns = *r;
     if (!tenant.empty()) ns.tenant = tenant;
     if (!model.empty()) ns.model = model;
@@ -82,24 +113,7 @@ absl::StatusOr<Namespace> NamespaceFlags::Build() const {
   }
   if (revision_opt_ != nullptr && revision_opt_->count() > 0) ns.revision = revision;
   if (salt_opt_ != nullptr && salt_opt_->count() > 0) ns.tenant_salt = tenant_salt;
-  if (absl::Status s = ns.Validate(); !s.ok()) {
-    // Name the flag, not the struct field: the message starts with "namespace.tenant:" or "layout.head_dim:".
-    static const std::pair<const char*, const char*> kFlags[] = {
-        {"namespace.tenant_salt:", "--tenant-salt:"}, {"namespace.tenant:", "--tenant:"},
-        {"namespace.model:", "--model:"},             {"namespace.revision:", "--revision:"},
-        {"layout.num_layers:", "--num-layers:"},      {"layout.num_kv_heads:", "--kv-heads:"},
-        {"layout.head_dim:", "--head-dim:"},          {"layout.latent_dim:", "--latent-dim:"},
-        {"layout.block_tokens:", "--block-tokens:"},  {"layout.tp_size:", "--tp-size:"},
-        {"layout.quant_group_size:", "--group:"}};
-    std::string msg(s.message());
-    for (const auto& [field, flag] : kFlags) {
-      if (absl::StartsWith(msg, field)) {
-        msg = absl::StrCat(flag, msg.substr(std::string_view(field).size()));
-        break;
-      }
-    }
-    return absl::InvalidArgumentError(msg);
-  }
+  if (absl::Status s = ns.Validate(); !s.ok()) return NameTheFlag(s);
   return ns;
 }
 

@@ -230,6 +230,86 @@ TEST_F(KvtierctlTest, StatusExitsThreeAndShowsAKilledMemberUnreachable) {
   EXPECT_EQ(sj["totals"]["members_answered"].get<int>(), 2);
 }
 
+TEST_F(KvtierctlTest, LsRefusesAMalformedCursor) {
+  for (const char* cursor : {":", "0:", ":0", "0:99999999999999999999", "99999999999999999999:0", "0:1x", "-1:0"}) {
+    const CtlResult r = RunCtl(Ctl(absl::StrCat("ls --cursor '", cursor, "'")), /*with_stderr=*/true);
+    EXPECT_EQ(r.exit_code, 2) << cursor << ": " << r.output;
+    EXPECT_NE(r.output.find("--cursor"), std::string::npos) << r.output;
+  }
+  EXPECT_EQ(RunCtl(Ctl("ls --cursor 0:0")).exit_code, 0);
+}
+
+TEST_F(KvtierctlTest, MembersMayCarryTheirNodeIds) {
+  std::vector<std::string> specs;
+  for (const auto& s : servers_) specs.push_back(absl::StrCat(s->node_id(), "=", s->address()));
+  const CtlResult r = RunCtl(absl::StrCat("--members ", absl::StrJoin(specs, ","), " --timeout-ms 5000 status --json"));
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  const nlohmann::json j = ParseJson(r.output);
+  ASSERT_FALSE(j.is_discarded()) << r.output;
+  for (const auto& m : j["members"]) EXPECT_TRUE(m["ring_share"].is_number()) << m;
+}
+
+// Runs kvtierctl expecting a usage error (exit 2) whose message contains `want`.
+void ExpectUsageError(const std::string& args, const std::string& want) {
+  const CtlResult r = RunCtl(args, /*with_stderr=*/true);
+  EXPECT_EQ(r.exit_code, 2) << args << "\n" << r.output;
+  EXPECT_NE(r.output.find(want), std::string::npos) << args << "\n" << r.output;
+}
+
+TEST(KvtierctlUsageTest, AMemberPortOutOfRangeOrAnEmptyHostIsNamed) {
+  for (const char* bad : {"127.0.0.1:100403", "127.0.0.1:65536", "127.0.0.1:-1", "127.0.0.1:0", "127.0.0.1:8x", ":80",
+                          "127.0.0.1:"}) {
+    ExpectUsageError(absl::StrCat("--members 127.0.0.1:1,", bad, " status"), absl::StrCat("\"", bad, "\""));
+  }
+  ExpectUsageError("--members =127.0.0.1:80 status", "empty node id");
+  // The same check for $KVTIER_MEMBERS.
+  const std::string cmd = absl::StrCat("KVTIER_MEMBERS=127.0.0.1:100403 ", testing::BinaryDir(),
+                                       "/cli/kvtierctl status >/dev/null 2>&1");
+  const int status = std::system(cmd.c_str());
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 2);
+}
+
+TEST(KvtierctlUsageTest, AnEmptyMemberListAndAnUnknownSubcommandAreNamed) {
+  ExpectUsageError("--members ,,, status", "empty member list");
+  ExpectUsageError("--members 127.0.0.1:1 bogus", "unknown subcommand \"bogus\"");
+}
+
+TEST(KvtierctlUsageTest, SecondsMustBeFinite) {
+  ExpectUsageError("--members 127.0.0.1:1 stats --interval-s nan", "--interval-s");
+  ExpectUsageError("--members 127.0.0.1:1 stats --interval-s inf", "--interval-s");
+  ExpectUsageError("--members 127.0.0.1:1 verify --deadline-s nan", "--deadline-s");
+}
+
+TEST(KvtierctlUsageTest, TraceLineInputLengthMustFitAUint32) {
+  for (const char* n : {"99999999999", "-5", "1.5", "\"7\""}) {
+    ExpectUsageError(absl::StrCat("--members 127.0.0.1:1 lookup --replay-namespace --trace-line "
+                                  "'{\"hash_ids\": [1], \"input_length\": ", n, "}'"),
+                     "input_length");
+  }
+}
+
+TEST(KvtierctlUsageTest, ATraceLineOfMoreTokensThanLookupTakesIsRefusedBeforeAllocating) {
+  // One hash id of 2^32-1 tokens: 16 GiB of token ids if made.
+  ExpectUsageError("--members 127.0.0.1:1 lookup --tenant t --model m --num-layers 1 --kv-heads 1 --head-dim 1 "
+                   "--block-tokens 4294967295 --trace-line '{\"hash_ids\": [1]}'",
+                   "16777216 tokens");
+  // 32769 hash ids of 512 tokens (--replay-namespace): 512 tokens more than the bound.
+  std::vector<std::string> ids(32769, "0");
+  ExpectUsageError(absl::StrCat("--members 127.0.0.1:1 lookup --replay-namespace --trace-line '{\"hash_ids\": [",
+                                absl::StrJoin(ids, ","), "]}'"),
+                   "16777216 tokens");
+}
+
+TEST(KvtierctlUsageTest, ReplayNamespaceWithZeroBlockTokensNamesTheFlag) {
+  ExpectUsageError("--members 127.0.0.1:1 lookup --replay-namespace --block-tokens 0 --trace-line '{\"hash_ids\": [1]}'",
+                   "--block-tokens: must be > 0");
+}
+
+TEST(KvtierctlUsageTest, AnUnreadableTlsFileIsAUsageError) {
+  ExpectUsageError("--members 127.0.0.1:1 --tls-ca-file /nonexistent/ca.pem status", "/nonexistent/ca.pem");
+}
+
 TEST(KvtierctlUsageTest, BadFlagsExitTwo) {
   EXPECT_EQ(RunCtl("--members 127.0.0.1:1 status --no-such-flag").exit_code, 2);
   EXPECT_EQ(RunCtl("--members 127.0.0.1:1").exit_code, 2);                      // no subcommand
