@@ -63,7 +63,7 @@ const std::vector<bool> kBlockRight = {false, true, false, false, true, true, tr
 
 int RunLs(const CtlOptions& options, const LsOptions& ls) {
   const std::vector<Endpoint> endpoints = Connect(options.members, options);
-  const ClusterView view = ClusterView::Collect(endpoints, options.rpc_timeout, options.virtual_nodes);
+  const ClusterView view = ClusterView::Collect(endpoints, options);
   auto selected = view.Select(ls.nodes);
   if (!selected.ok()) return ReportSelectError(view, selected.status());
 
@@ -169,7 +169,7 @@ int RunInspect(const CtlOptions& options, const InspectOptions& inspect) {
   std::copy(fp_bytes->begin(), fp_bytes->end(), reinterpret_cast<char*>(fp.bytes.data()));
 
   const std::vector<Endpoint> endpoints = Connect(options.members, options);
-  const ClusterView view = ClusterView::Collect(endpoints, options.rpc_timeout, options.virtual_nodes);
+  const ClusterView view = ClusterView::Collect(endpoints, options);
   auto calls = RunCalls<v1::InspectBlockRequest, v1::InspectBlockResponse>(
       endpoints.size(), options.rpc_timeout,
       [&](size_t i, auto* c) -> const Endpoint& {
@@ -273,7 +273,7 @@ int RunEvict(const CtlOptions& options, const EvictOptions& evict) {
   }
 
   const std::vector<Endpoint> endpoints = Connect(options.members, options);
-  const ClusterView view = ClusterView::Collect(endpoints, options.rpc_timeout, options.virtual_nodes);
+  const ClusterView view = ClusterView::Collect(endpoints, options);
   auto selected = view.Select(evict.nodes);
   if (!selected.ok()) return ReportSelectError(view, selected.status());
   auto calls = RunCalls<v1::EvictRequest, v1::EvictResponse>(

@@ -47,25 +47,33 @@ std::string DescribeFailure(const grpc::Status& s) {
 // ---------------------------------------------------------------------------------------------------
 // ClusterView
 
-ClusterView ClusterView::Collect(const std::vector<Endpoint>& endpoints, absl::Duration timeout,
-                                 uint32_t virtual_nodes) {
+ClusterView ClusterView::Collect(const std::vector<Endpoint>& endpoints, const CtlOptions& options) {
   auto calls = CallEach<v1::GetInfoRequest, v1::GetInfoResponse>(
-      endpoints, timeout,
+      endpoints, options.rpc_timeout,
       [](const Endpoint& ep, auto* c, auto cb) { ep.admin->async()->GetInfo(&c->ctx, &c->req, &c->resp, cb); });
   ClusterView view;
   std::vector<std::string> ids;
   for (size_t i = 0; i < endpoints.size(); ++i) {
-    view.members_.push_back({endpoints[i].address, calls[i]->status, calls[i]->resp});
-    if (calls[i]->status.ok()) {
-      ids.push_back(calls[i]->resp.node_id());
+    MemberView m{endpoints[i].address, calls[i]->status, calls[i]->resp, ""};
+    // As the client library: an id given is the ring key, the member is not asked for it.
+    if (auto given = options.node_ids.find(m.address); given != options.node_ids.end()) {
+      m.node_id = given->second;
+    } else if (m.answered()) {
+      m.node_id = m.info.node_id();
+    }
+    if (m.node_id.empty()) {
+      view.unplaced_.push_back(i);
+    } else {
+      ids.push_back(m.node_id);
       view.ring_member_.push_back(i);
     }
+    view.members_.push_back(std::move(m));
   }
   if (ids.empty()) {
-    view.ring_status_ = absl::UnavailableError("no member answered GetInfo");
+    view.ring_status_ = absl::UnavailableError("no member answered GetInfo or has a node id given (node_id=host:port)");
     return view;
   }
-  auto ring = HashRing::Create(ids, virtual_nodes);
+  auto ring = HashRing::Create(ids, options.virtual_nodes);
   if (ring.ok()) {
     view.ring_ = std::move(ring).value();
   } else {
@@ -84,7 +92,7 @@ absl::StatusOr<size_t> ClusterView::Find(const std::string& value) const {
     if (members_[i].address == value) return i;
   }
   for (size_t i = 0; i < members_.size(); ++i) {
-    if (members_[i].answered() && members_[i].info.node_id() == value) return i;
+    if (!members_[i].node_id.empty() && members_[i].node_id == value) return i;
   }
   const size_t silent = members_.size() - CountAnswered();
   return absl::NotFoundError(absl::StrCat("no member has the address or node id \"", value, "\"",
@@ -107,7 +115,7 @@ absl::StatusOr<std::vector<size_t>> ClusterView::Select(const std::vector<std::s
 }
 
 std::string ClusterView::Name(size_t i) const {
-  return members_[i].answered() ? members_[i].info.node_id() : members_[i].address;
+  return members_[i].node_id.empty() ? members_[i].address : members_[i].node_id;
 }
 
 size_t ClusterView::CountAnswered() const {

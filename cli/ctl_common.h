@@ -129,30 +129,35 @@ struct MemberView {
   std::string address;
   grpc::Status info_status;
   v1::GetInfoResponse info;  // valid when info_status is OK
+  // Its ring key: the id given as node_id=host:port, else the one it reported; "" when neither.
+  std::string node_id;
   bool answered() const { return info_status.ok(); }
 };
 
-// GetInfo of every member, and the ring over the node ids of those that answered: what a client with
-// these members (and --virtual-nodes) would build. Members that did not answer are not on the ring.
+// GetInfo of every member, and the ring a client with these members (and --virtual-nodes) builds: every
+// member whose node id is known, given (node_id=host:port) or reported, is on it, answering or not, so
+// that blocks a silent member owns are placed on it rather than on another member. A member that did not
+// answer and has no id given cannot be placed: unplaced() lists it, and owners may then be wrong.
 class ClusterView {
  public:
-  static ClusterView Collect(const std::vector<Endpoint>& endpoints, absl::Duration timeout,
-                             uint32_t virtual_nodes);
+  static ClusterView Collect(const std::vector<Endpoint>& endpoints, const CtlOptions& options);
 
   const std::vector<MemberView>& members() const { return members_; }
-  // Not OK when no member answered or two report one node id.
+  // Not OK when no member has a known node id or two have one node id.
   const absl::Status& ring_status() const { return ring_status_; }
   const std::optional<HashRing>& ring() const { return ring_; }
   // The member (index into members()) that is ring member `r`.
   size_t MemberOfRingIndex(uint32_t r) const { return ring_member_[r]; }
   // The member owning `fp` as primary; nullopt without a ring.
   std::optional<size_t> PrimaryOwner(const Fingerprint& fp) const;
-  // Index of the member whose address is `value`, else of the one reporting node id `value`.
-  // Errors: NotFound (no such address or node id among the members that answered).
+  // Members (indices) left off the ring: they did not answer and have no node id given.
+  const std::vector<size_t>& unplaced() const { return unplaced_; }
+  // Index of the member whose address is `value`, else of the one whose node id is `value`.
+  // Errors: NotFound (no such address or node id among the members).
   absl::StatusOr<size_t> Find(const std::string& value) const;
   // Find() for each of `values`, without duplicates; every member when `values` is empty.
   absl::StatusOr<std::vector<size_t>> Select(const std::vector<std::string>& values) const;
-  // Node id when the member answered, else its address.
+  // Its node id when known, else its address.
   std::string Name(size_t i) const;
   size_t CountAnswered() const;
 
@@ -161,6 +166,7 @@ class ClusterView {
   absl::Status ring_status_;
   std::optional<HashRing> ring_;
   std::vector<size_t> ring_member_;
+  std::vector<size_t> unplaced_;
 };
 
 // ---------------------------------------------------------------------------------------------------

@@ -151,7 +151,7 @@ int RunDrain(const CtlOptions& options, const DrainOptions& drain) {
     members.push_back(drain.node);  // an address not in --members: ask it too
   }
   const std::vector<Endpoint> endpoints = Connect(members, options);
-  const ClusterView view = ClusterView::Collect(endpoints, options.rpc_timeout, options.virtual_nodes);
+  const ClusterView view = ClusterView::Collect(endpoints, options);
   auto target_or = view.Find(drain.node);
   if (!target_or.ok()) {
     std::cerr << "kvtierctl: drain: " << target_or.status().message() << "\n";
@@ -173,17 +173,32 @@ int RunDrain(const CtlOptions& options, const DrainOptions& drain) {
 
   HandOff h;
   int code = kExitOk;
-  std::vector<std::string> targets;  // the members taking its blocks
+  // The members taking its blocks: the ring without the node, of every member whose node id is known,
+  // answering or not (as a client places blocks); blocks a silent one owns fail to store.
+  const std::string& target_id = view.members()[target].node_id;
+  std::vector<std::string> targets;     // their addresses
+  std::vector<std::string> dest_specs;  // node_id=host:port of each
   for (size_t i = 0; i < view.members().size(); ++i) {
+    const MemberView& m = view.members()[i];
     // Not the node itself, under another address either (127.0.0.1 and its pod IP from DNS).
-    if (i == target || !view.members()[i].answered() ||
-        (view.members()[target].answered() && view.members()[i].info.node_id() == name)) {
-      continue;
-    }
-    targets.push_back(endpoints[i].address);
+    if (i == target || m.node_id.empty() || (!target_id.empty() && m.node_id == target_id)) continue;
+    targets.push_back(m.address);
+    dest_specs.push_back(absl::StrCat(m.node_id, "=", m.address));
   }
   const bool hand_off = !drain.undo && drain.hand_off > 0;
-  if (hand_off && targets.empty()) h.notes.push_back("no other member answered: nothing to hand blocks to");
+  if (hand_off) {
+    for (size_t i = 0; i < view.members().size(); ++i) {
+      const MemberView& m = view.members()[i];
+      if (i == target || m.answered()) continue;
+      code = kExitUnreachable;
+      h.notes.push_back(absl::StrCat(
+          m.address, " did not answer (", DescribeFailure(m.info_status), "): ",
+          m.node_id.empty() ? "with no node id given (node_id=host:port) it is not on the ring, so blocks it would own "
+                              "were handed to other members"
+                            : "blocks it owns could not be handed to it"));
+    }
+  }
+  if (hand_off && targets.empty()) h.notes.push_back("no other member has a known node id: nothing to hand blocks to");
   if (hand_off && !targets.empty()) {
     std::vector<v1::BlockRecord> blocks;
     if (grpc::Status s = ListAll(ep, options.rpc_timeout, &blocks); !s.ok()) {
@@ -224,7 +239,7 @@ int RunDrain(const CtlOptions& options, const DrainOptions& drain) {
                                            .tls_server_name = options.security.server_name,
                                            .auth_token = options.security.auth_token};
       client::ClientOptions dest_options = source_options;
-      dest_options.members = targets;
+      dest_options.members = dest_specs;
       auto source = client::Client::Connect(source_options);
       auto dest = client::Client::Connect(dest_options);
       if (!source.ok() || !dest.ok()) {

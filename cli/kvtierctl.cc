@@ -39,6 +39,7 @@ namespace {
 constexpr const char* kFooter =
     "Members come from --members or, when it is absent, from the environment variable KVTIER_MEMBERS\n"
     "(the same comma-separated host:port list), plus the addresses --members-dns names resolve to.\n"
+    "A member given as node_id=host:port keeps its place on the ring when it does not answer.\n"
     "\n"
     "Exit codes (when several apply, the highest):\n"
     "  0  done; every member asked answered (status: and reports SERVING)\n"

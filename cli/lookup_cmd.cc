@@ -68,6 +68,13 @@ Json NamespaceJson(const Namespace& ns) {
           {"shard_bytes", l.ShardBytes()}};
 }
 
+// Why member `m` is not on the ring, and what that means for the owners shown.
+std::string Unplaced(const ClusterView& view, size_t m) {
+  return absl::StrCat(DescribeFailure(view.members()[m].info_status),
+                      "; with no node id given (node_id=host:port) it cannot be placed on the ring, so blocks it "
+                      "owns are shown on other members");
+}
+
 }  // namespace
 
 int RunLookup(const CtlOptions& options, const LookupOptions& lookup) {
@@ -78,7 +85,7 @@ int RunLookup(const CtlOptions& options, const LookupOptions& lookup) {
     return kExitUsage;
   }
   const std::vector<Endpoint> endpoints = Connect(options.members, options);
-  const ClusterView view = ClusterView::Collect(endpoints, options.rpc_timeout, options.virtual_nodes);
+  const ClusterView view = ClusterView::Collect(endpoints, options);
   if (!view.ring()) {
     std::cerr << "kvtierctl: cannot build the ring: " << view.ring_status().ToString() << "\n";
     return view.CountAnswered() == 0 ? kExitUnreachable : kExitFailure;
@@ -91,20 +98,32 @@ int RunLookup(const CtlOptions& options, const LookupOptions& lookup) {
     blocks[i].owner = view.PrimaryOwner((*fps)[i]);
     blocks[i].shards.resize(shards);
   }
-  const size_t total_calls = blocks.size() * shards;
-  for (size_t first = 0; first < total_calls; first += kCallsPerWave) {
-    const size_t n = std::min(kCallsPerWave, total_calls - first);
+  // Owners that did not answer GetInfo are not asked again (a hung one would cost another --timeout-ms):
+  // their blocks are absent, failed with that status.
+  std::vector<size_t> ask;  // block * shards + shard
+  for (size_t b = 0; b < blocks.size(); ++b) {
+    const MemberView& owner = view.members()[*blocks[b].owner];
+    for (uint32_t s = 0; s < shards; ++s) {
+      if (owner.answered()) {
+        ask.push_back(b * shards + s);
+      } else {
+        blocks[b].shards[s].status = owner.info_status;
+      }
+    }
+  }
+  for (size_t first = 0; first < ask.size(); first += kCallsPerWave) {
+    const size_t n = std::min(kCallsPerWave, ask.size() - first);
     auto calls = RunCalls<v1::InspectBlockRequest, v1::InspectBlockResponse>(
         n, options.rpc_timeout,
         [&](size_t k, auto* c) -> const Endpoint& {
-          const BlockResult& b = blocks[(first + k) / shards];
+          const BlockResult& b = blocks[ask[first + k] / shards];
           c->req.set_fingerprint(std::string(reinterpret_cast<const char*>(b.fp.bytes.data()), b.fp.bytes.size()));
-          c->req.set_shard(static_cast<uint32_t>((first + k) % shards));
+          c->req.set_shard(static_cast<uint32_t>(ask[first + k] % shards));
           return endpoints[*b.owner];
         },
         [](const Endpoint& ep, auto* c, auto cb) { ep.admin->async()->InspectBlock(&c->ctx, &c->req, &c->resp, cb); });
     for (size_t k = 0; k < n; ++k) {
-      ShardResult& r = blocks[(first + k) / shards].shards[(first + k) % shards];
+      ShardResult& r = blocks[ask[first + k] / shards].shards[ask[first + k] % shards];
       r.status = calls[k]->status;
       r.found = calls[k]->status.ok() && calls[k]->resp.found();
       if (r.found) r.block = calls[k]->resp.block();
@@ -166,6 +185,7 @@ int RunLookup(const CtlOptions& options, const LookupOptions& lookup) {
     for (size_t m : failed_members) {
       errors.push_back({{"address", endpoints[m].address}, {"error", DescribeFailure(first_failure(m))}});
     }
+    for (size_t m : view.unplaced()) errors.push_back({{"address", endpoints[m].address}, {"error", Unplaced(view, m)}});
     std::cout << DumpJson({{"namespace", NamespaceJson(ns)},
                            {"prompt_tokens", prompt_tokens},
                            {"blocks", blocks.size()},
@@ -213,8 +233,9 @@ int RunLookup(const CtlOptions& options, const LookupOptions& lookup) {
     for (size_t m : failed_members) {
       std::cout << endpoints[m].address << ": " << DescribeFailure(first_failure(m)) << "\n";
     }
+    for (size_t m : view.unplaced()) std::cout << endpoints[m].address << ": " << Unplaced(view, m) << "\n";
   }
-  return failed_members.empty() ? kExitOk : kExitUnreachable;
+  return failed_members.empty() && view.unplaced().empty() ? kExitOk : kExitUnreachable;
 }
 
 }  // namespace kvtier::cli

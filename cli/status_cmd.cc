@@ -27,7 +27,7 @@ struct MemberStatus {
   HealthCheckResponse health;
   grpc::Status info_status;
   v1::GetInfoResponse info;
-  std::optional<double> ring_share;  // set when the member answered GetInfo and the ring was built
+  std::optional<double> ring_share;  // set when its node id is known (reported or given) and the ring was built
 
   bool serving() const { return health_status.ok() && health.status() == HealthCheckResponse::SERVING; }
   bool up() const { return serving() && info_status.ok(); }
@@ -87,9 +87,13 @@ StatusReport CollectStatus(const CtlOptions& options) {
                    .info_status = info[i]->status,
                    .info = info[i]->resp,
                    .ring_share = std::nullopt};
-    if (m.info_status.ok()) {
-      ids.push_back(m.info.node_id());
+    // The ring of ClusterView: an id given with node_id=host:port places the member answering or not.
+    const auto given = options.node_ids.find(m.address);
+    if (given != options.node_ids.end() || m.info_status.ok()) {
+      ids.push_back(given != options.node_ids.end() ? given->second : m.info.node_id());
       id_member.push_back(i);
+    }
+    if (m.info_status.ok()) {
       for (const v1::TierInfo& t : m.info.tiers()) {
         if (tiers.insert(t.tier()).second) report.tiers.push_back(t.tier());
       }

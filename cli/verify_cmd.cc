@@ -92,7 +92,7 @@ class ProgressDisplay {
 
 int RunVerify(const CtlOptions& options, const VerifyOptions& verify) {
   const std::vector<Endpoint> endpoints = Connect(options.members, options);
-  const ClusterView view = ClusterView::Collect(endpoints, options.rpc_timeout, options.virtual_nodes);
+  const ClusterView view = ClusterView::Collect(endpoints, options);
   auto selected = view.Select(verify.nodes);
   if (!selected.ok()) {
     std::cerr << "kvtierctl: --node: " << selected.status().message() << "\n";

@@ -1,6 +1,7 @@
 // kvtierctl's block commands as a real process against a real 3-process cluster: ls (paging, filters,
 // one node), inspect (owner, holder, a block on a non-owner), lookup (token file and trace line), evict,
-// drain (puts refused, hottest blocks handed to the ring without the node, depths kept, undo) and verify.
+// drain (puts refused, hottest blocks handed to the ring without the node, depths kept, undo) and verify,
+// also with a member frozen (SIGSTOP) that accepts connections and answers nothing.
 #include <signal.h>
 #include <stdlib.h>
 #include <unistd.h>
@@ -21,8 +22,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
 #include "kvtier/client/client.h"
 #include "kvtier/common/fingerprint.h"
+#include "kvtier/common/hash_ring.h"
 #include "kvtier/v1/admin.grpc.pb.h"
 #include "kvtierctl_runner.h"
 #include "replayer.h"
@@ -55,6 +58,19 @@ Namespace OtherNamespace() {
   return ns;
 }
 
+// Stops a server process (SIGSTOP) for its lifetime: it accepts connections but answers nothing, as a
+// hung member does. Resumed (SIGCONT) when destroyed.
+class Frozen {
+ public:
+  explicit Frozen(pid_t pid) : pid_(pid) { kill(pid_, SIGSTOP); }
+  ~Frozen() { kill(pid_, SIGCONT); }
+  Frozen(const Frozen&) = delete;
+  Frozen& operator=(const Frozen&) = delete;
+
+ private:
+  pid_t pid_;
+};
+
 class KvtierctlBlocksTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -84,6 +100,13 @@ class KvtierctlBlocksTest : public ::testing::Test {
     v1::GetStatsResponse resp;
     EXPECT_TRUE(stub->GetStats(&ctx, v1::GetStatsRequest(), &resp).ok());
     return resp;
+  }
+
+  // --members with node ids given (node_id=host:port), so every member has a place on the ring.
+  std::string MembersWithIds() const {
+    std::vector<std::string> specs;
+    for (const auto& s : servers_) specs.push_back(absl::StrCat(s->node_id(), "=", s->address()));
+    return absl::StrJoin(specs, ",");
   }
 
   std::vector<std::string> addresses_;
@@ -581,6 +604,95 @@ TEST_F(KvtierctlBlocksTest, VerifyChecksEveryBlockOfEveryMember) {
   const CtlResult partial = RunCtl(Ctl("verify --json"));
   EXPECT_EQ(partial.exit_code, 3) << partial.output;
   EXPECT_EQ(ParseJson(partial.output)["totals"]["members_verified"].get<int>(), 2) << partial.output;
+}
+
+TEST_F(KvtierctlBlocksTest, LookupReportsTheBlocksOfAFrozenOwnerAbsentAndExitsThree) {
+  const Namespace ns = TestNamespace();
+  auto p = testing::MakePrompt(ns, 12, 21);
+  ASSERT_OK(p);
+  ASSERT_OK(testing::PutPrompt(*client_, ns, *p));
+  size_t first_on_b = p->fps.size();
+  size_t on_b = 0;
+  for (size_t i = 0; i < p->fps.size(); ++i) {
+    if (Owner(p->fps[i]) != "ctl-b") continue;
+    first_on_b = std::min(first_on_b, i);
+    ++on_b;
+  }
+  ASSERT_GT(on_b, 0u);
+  char path[] = "/tmp/kvtierctl-tokens-XXXXXX";
+  const int fd = mkstemp(path);
+  ASSERT_GE(fd, 0);
+  close(fd);
+  {
+    std::ofstream out(path);
+    for (uint32_t t : p->tokens) out << t << " ";
+  }
+  const std::string lookup = absl::StrCat(" --timeout-ms 1500 lookup ", kNamespaceFlags, " --tokens-file ", path, " --json");
+  const Frozen frozen(servers_[1]->pid());
+
+  // Its node id given: ctl-b keeps its place on the ring and its blocks are reported unreachable.
+  const CtlResult r = RunCtl(absl::StrCat("--members ", MembersWithIds(), lookup));
+  EXPECT_EQ(r.exit_code, 3) << r.output;
+  const nlohmann::json j = ParseJson(r.output);
+  ASSERT_FALSE(j.is_discarded()) << r.output;
+  EXPECT_EQ(j["prefix_blocks"].get<size_t>(), first_on_b);
+  EXPECT_EQ(j["present_blocks"].get<size_t>(), p->fps.size() - on_b);
+  for (size_t i = 0; i < p->fps.size(); ++i) {
+    const auto& b = j["block_detail"][i];
+    EXPECT_EQ(b["owner"], Owner(p->fps[i])) << i;
+    const bool owned_by_b = Owner(p->fps[i]) == "ctl-b";
+    EXPECT_EQ(b["present"].get<bool>(), !owned_by_b) << i;
+    EXPECT_EQ(b["shards"][0]["error"].is_null(), !owned_by_b) << b;
+  }
+  ASSERT_EQ(j["errors"].size(), 1u) << r.output;
+  EXPECT_EQ(j["errors"][0]["address"], addresses_[1]);
+
+  // Its id unknown: it cannot be placed, and the report says the owners shown may be wrong.
+  const CtlResult unplaced = RunCtl(absl::StrCat("--members ", Members(), lookup));
+  EXPECT_EQ(unplaced.exit_code, 3) << unplaced.output;
+  const nlohmann::json u = ParseJson(unplaced.output);
+  ASSERT_FALSE(u.is_discarded()) << unplaced.output;
+  ASSERT_EQ(u["errors"].size(), 1u) << unplaced.output;
+  EXPECT_EQ(u["errors"][0]["address"], addresses_[1]);
+  EXPECT_NE(u["errors"][0]["error"].get<std::string>().find("cannot be placed on the ring"), std::string::npos);
+
+  // A member where nothing listens is the same.
+  const CtlResult closed = RunCtl(absl::StrCat("--members ctl-a=", addresses_[0], ",ctl-x=127.0.0.1:1,ctl-c=",
+                                               addresses_[2], lookup));
+  EXPECT_EQ(closed.exit_code, 3) << closed.output;
+  unlink(path);
+}
+
+TEST_F(KvtierctlBlocksTest, DrainExitsThreeWhenAMemberThatWouldTakeBlocksIsFrozen) {
+  const Namespace ns = TestNamespace();
+  auto p = testing::MakePrompt(ns, 40, 22);
+  ASSERT_OK(p);
+  ASSERT_OK(testing::PutPrompt(*client_, ns, *p));
+  // The ring without ctl-b gives some of ctl-b's blocks to ctl-c.
+  auto without_b = HashRing::Create({"ctl-a", "ctl-c"}, HashRing::kDefaultVirtualNodes);
+  ASSERT_OK(without_b);
+  size_t b_to_c = 0;
+  for (const Fingerprint& fp : p->fps) {
+    b_to_c += Owner(fp) == "ctl-b" && without_b->node_ids()[without_b->Primary(fp)] == "ctl-c";
+  }
+  ASSERT_GT(b_to_c, 0u);
+  const std::string drain = absl::StrCat(" --timeout-ms 1500 drain ctl-b --hand-off 100 --json ", kNamespaceFlags);
+  {
+    const Frozen frozen(servers_[2]->pid());
+    const CtlResult r = RunCtl(absl::StrCat("--members ", MembersWithIds(), drain));
+    EXPECT_EQ(r.exit_code, 3) << r.output;
+    const nlohmann::json j = ParseJson(r.output);
+    ASSERT_FALSE(j.is_discarded()) << r.output;
+    EXPECT_TRUE(j["draining"].get<bool>());
+    // Those blocks fail to store (until the client's health checks take ctl-c off its ring).
+    EXPECT_GT(j["hand_off"]["put_errors"].get<size_t>(), 0u) << r.output;
+    EXPECT_NE(j["notes"].dump().find(addresses_[2]), std::string::npos) << r.output;
+
+    const CtlResult unplaced = RunCtl(absl::StrCat("--members ", Members(), drain));
+    EXPECT_EQ(unplaced.exit_code, 3) << unplaced.output;
+    EXPECT_NE(unplaced.output.find("not on the ring"), std::string::npos) << unplaced.output;
+  }
+  EXPECT_EQ(RunCtl(Ctl("drain ctl-b --undo")).exit_code, 0);
 }
 
 }  // namespace
