@@ -104,6 +104,14 @@ int RunVerify(const CtlOptions& options, const VerifyOptions& verify) {
   std::vector<NodeProgress> nodes(selected->size());  // guarded by mu
   std::vector<std::thread> threads;
   for (size_t k = 0; k < selected->size(); ++k) {
+    // A member that failed GetInfo is reported with that failure: a Verify stream to a hung member would
+    // wait for gRPC's connect timeout (20 s), not --timeout-ms.
+    if (const MemberView& m = view.members()[(*selected)[k]]; !m.answered()) {
+      std::lock_guard<std::mutex> lock(mu);
+      nodes[k].status = m.info_status;
+      nodes[k].finished = true;
+      continue;
+    }
     threads.emplace_back([&, k] {
       grpc::ClientContext ctx;
       ctx.set_deadline(absl::ToChronoTime(absl::Now() + verify.deadline));

@@ -695,5 +695,23 @@ TEST_F(KvtierctlBlocksTest, DrainExitsThreeWhenAMemberThatWouldTakeBlocksIsFroze
   EXPECT_EQ(RunCtl(Ctl("drain ctl-b --undo")).exit_code, 0);
 }
 
+TEST_F(KvtierctlBlocksTest, VerifyReportsAFrozenMemberFailedWithinTheTimeout) {
+  const Namespace ns = TestNamespace();
+  auto p = testing::MakePrompt(ns, 10, 23);
+  ASSERT_OK(p);
+  ASSERT_OK(testing::PutPrompt(*client_, ns, *p));
+  const Frozen frozen(servers_[2]->pid());
+  const absl::Time start = absl::Now();
+  const CtlResult r = RunCtl(absl::StrCat("--members ", Members(), " --timeout-ms 1000 verify --json"));
+  const absl::Duration took = absl::Now() - start;
+  EXPECT_EQ(r.exit_code, 3) << r.output;
+  const nlohmann::json j = ParseJson(r.output);
+  ASSERT_FALSE(j.is_discarded()) << r.output;
+  EXPECT_EQ(j["totals"]["members_verified"].get<int>(), 2) << r.output;
+  EXPECT_FALSE(j["members"][2]["verified"].get<bool>()) << r.output;
+  // One GetInfo deadline and the scrubs of the others; gRPC's 20 s connect timeout is not waited out.
+  EXPECT_LT(took, absl::Seconds(10));
+}
+
 }  // namespace
 }  // namespace kvtier
