@@ -474,6 +474,75 @@ TEST_F(UcxProcessTest, ServerKilledMidTransferGivesMissesWithinTheDeadline) {
   EXPECT_GT((*c)->stats().misses_from_errors.load(), 0u);
 }
 
+// A stopped server (alive, answering nothing) whose UCX endpoint was dropped: the callers that find no
+// endpoint must not queue behind the one reconnecting to it (each waiting for that one's GetInfo
+// deadline in turn); every Get still returns within rpc_timeout.
+TEST_F(UcxProcessTest, CallersDoNotQueueBehindAReconnectToAStoppedServer) {
+  auto node = StartNode("node-s");
+  ASSERT_OK(node);
+  const absl::Duration timeout = absl::Seconds(1);
+  auto c = Client::Connect({.members = {"node-s=" + (*node)->address()}, .rpc_timeout = timeout,
+                            .transport = "auto", .ucx_reconnect_backoff = absl::Milliseconds(50)});
+  ASSERT_OK(c);
+  Client& cl = **c;
+  const Namespace ns = NamespaceOfBlockBytes(64 << 10);
+  const auto fps = Fingerprints(ns, 4);
+  PutThenGetEveryByte(cl, ns, fps);
+  ASSERT_EQ(cl.members()[0].transport, "ucx");
+  ASSERT_EQ(kill((*node)->pid(), SIGSTOP), 0);
+  struct Resume {
+    pid_t pid;
+    ~Resume() { kill(pid, SIGCONT); }
+  } resume{(*node)->pid()};
+  constexpr int kThreads = 8;
+  std::vector<std::future<absl::Duration>> callers;
+  for (int t = 0; t < kThreads; ++t) {
+    callers.push_back(std::async(std::launch::async, [&] {
+      absl::Duration slowest;
+      for (int round = 0; round < 3; ++round) {
+        std::vector<std::vector<std::byte>> out(fps.size(), std::vector<std::byte>(64 << 10));
+        std::vector<std::span<std::byte>> views(out.begin(), out.end());
+        const absl::Time start = absl::Now();
+        auto got = cl.Get(ns, fps, 0, views);
+        slowest = std::max(slowest, absl::Now() - start);
+        EXPECT_OK(got);
+        if (got.ok()) {
+          for (GetResult r : *got) EXPECT_EQ(r, GetResult::kMissFromError);
+        }
+      }
+      return slowest;
+    }));
+  }
+  absl::Duration slowest;
+  for (auto& f : callers) slowest = std::max(slowest, f.get());
+  EXPECT_LT(slowest, timeout + absl::Milliseconds(500));
+}
+
+// A Put of many batches to a stopped owner: the first batch that fails whole ends that owner's part of
+// the call, instead of every batch waiting for its own deadlines.
+TEST_F(UcxProcessTest, APutToAStoppedOwnerWaitsForOneBatchNotEvery) {
+  auto node = StartNode("node-p");
+  ASSERT_OK(node);
+  const absl::Duration timeout = absl::Milliseconds(500);
+  auto c = Client::Connect({.members = {"node-p=" + (*node)->address()}, .rpc_timeout = timeout,
+                            .put_batch_blocks = 4, .transport = "auto"});
+  ASSERT_OK(c);
+  const Namespace ns = NamespaceOfBlockBytes(64 << 10);
+  const auto fps = Fingerprints(ns, 40);  // 10 batches of 4
+  Blocks in = MakeBlocks(fps, 64 << 10);
+  ASSERT_EQ(kill((*node)->pid(), SIGSTOP), 0);
+  struct Resume {
+    pid_t pid;
+    ~Resume() { kill(pid, SIGCONT); }
+  } resume{(*node)->pid()};
+  const absl::Time start = absl::Now();
+  auto put = (*c)->Put(ns, fps, 0, in.views);
+  const absl::Duration took = absl::Now() - start;
+  ASSERT_OK(put);
+  for (PutResult r : *put) EXPECT_EQ(r, PutResult::kError);
+  EXPECT_LT(took, 3 * timeout) << "one batch: Allocate times out (and at most a transfer and an Abort)";
+}
+
 // A client process killed mid-transfer must not leave slots pinned: the server cancels or force-closes
 // its transfers after ucx.transfer_timeout, and its leases and reservations then expire as usual.
 TEST(UcxServerCleanupTest, ClientKilledMidTransferLeavesNothingPinned) {

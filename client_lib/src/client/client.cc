@@ -142,8 +142,9 @@ namespace {
 
 // The UCX endpoint of one member, as far as this client knows.
 struct UcxPeer {
-  enum class State : uint8_t { kUnknown, kReady, kDown, kUnsupported };
+  enum class State : uint8_t { kUnknown, kConnecting, kReady, kDown, kUnsupported };
   std::mutex mu;
+  std::condition_variable connected;              // notified when a connect attempt ends
   State state = State::kUnknown;                  // guarded by mu
   UcxClient::EndpointId endpoint = 0;             // guarded by mu; valid while kReady
   UcxClient* client = nullptr;                    // guarded by mu; the client of `endpoint` while kReady
@@ -302,48 +303,63 @@ class Client::Impl {
     return ucx.get();
   }
 
-  // The UCX endpoint to move member's bytes over, connecting (GetInfo, then a UCX hello) when there
-  // is none and the backoff has passed; nullopt: use gRPC bytes (or fail, with transport "ucx").
-  std::optional<UcxClient::EndpointId> UcxEndpoint(Member& member) {
+  // The UCX endpoint to move member's bytes over, connecting (GetInfo, then a UCX hello, both by
+  // `deadline` and at most rpc_timeout) when there is none and the backoff has passed; nullopt: use gRPC
+  // bytes (or fail, with transport "ucx"). One caller connects at a time, without holding the lock, and
+  // the others do not queue behind it: with transport "auto" they move their bytes over gRPC meanwhile,
+  // with "ucx" they wait for its outcome until their own deadline.
+  std::optional<UcxClient::EndpointId> UcxEndpoint(Member& member, absl::Time deadline) {
     if (options.transport == "grpc") return std::nullopt;
     UcxPeer& peer = *member.ucx;
-    std::lock_guard<std::mutex> lock(peer.mu);
-    if (peer.state == UcxPeer::State::kReady) return peer.endpoint;
-    const absl::Time now = absl::Now();
-    if (now < peer.retry_after) return std::nullopt;
-    v1::GetInfoResponse info;
-    {
-      grpc::ClientContext ctx;
-      SetDeadline(ctx);
-      v1::GetInfoRequest req;
-      if (!member.admin->GetInfo(&ctx, req, &info).ok()) {
-        peer.state = UcxPeer::State::kDown;
-        peer.retry_after = now + options.ucx_reconnect_backoff;
-        return std::nullopt;
+    std::unique_lock<std::mutex> lock(peer.mu);
+    while (peer.state == UcxPeer::State::kConnecting) {
+      if (options.transport != "ucx" ||
+          peer.connected.wait_until(lock, absl::ToChronoTime(deadline)) == std::cv_status::timeout) {
+        if (peer.state == UcxPeer::State::kConnecting) return std::nullopt;
       }
     }
-    UcxClient* ucx_client = info.ucx_port() != 0 ? Ucx() : nullptr;
-    if (ucx_client == nullptr) {
-      peer.state = UcxPeer::State::kUnsupported;
-      peer.retry_after = now + kUcxUnsupportedRecheck;
-      return std::nullopt;
+    if (peer.state == UcxPeer::State::kReady) return peer.endpoint;
+    if (absl::Now() < peer.retry_after) return std::nullopt;
+    peer.state = UcxPeer::State::kConnecting;
+    lock.unlock();
+    const absl::Time until = std::min(deadline, absl::Now() + options.rpc_timeout);
+    UcxPeer::State outcome = UcxPeer::State::kDown;
+    std::optional<UcxClient::Connection> connection;
+    UcxClient* ucx_client = nullptr;
+    v1::GetInfoResponse info;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(until));
+    if (member.admin->GetInfo(&ctx, v1::GetInfoRequest(), &info).ok()) {
+      ucx_client = info.ucx_port() != 0 ? Ucx() : nullptr;
+      outcome = ucx_client == nullptr ? UcxPeer::State::kUnsupported : UcxPeer::State::kDown;
     }
-    // The member's UCX listener, on the host we reach its gRPC at.
-    const std::string& a = member.address;
-    const std::string target = absl::StrCat(a.substr(0, a.rfind(':')), ":", info.ucx_port());
-    const std::string node_id = member.NodeId();
-    auto conn = ucx_client->Connect(target, absl::Now() + options.rpc_timeout);
-    if (!conn.ok() || (!node_id.empty() && conn->node_id != node_id)) {
-      if (conn.ok()) ucx_client->Close(conn->endpoint);  // another server answers at that port
-      peer.state = UcxPeer::State::kDown;
-      peer.retry_after = now + options.ucx_reconnect_backoff;
-      return std::nullopt;
+    if (ucx_client != nullptr) {
+      // The member's UCX listener, on the host we reach its gRPC at.
+      const std::string& a = member.address;
+      const std::string target = absl::StrCat(a.substr(0, a.rfind(':')), ":", info.ucx_port());
+      const std::string node_id = member.NodeId();
+      auto conn = ucx_client->Connect(target, until);
+      if (conn.ok() && (node_id.empty() || conn->node_id == node_id)) {
+        connection = *conn;
+        outcome = UcxPeer::State::kReady;
+      } else if (conn.ok()) {
+        ucx_client->Close(conn->endpoint);  // another server answers at that port
+      }
     }
-    peer.state = UcxPeer::State::kReady;
-    peer.endpoint = conn->endpoint;
-    peer.client = ucx_client;
-    peer.takes_leases = conn->takes_leases;
-    stats.ucx_connects.fetch_add(1, std::memory_order_relaxed);
+    lock.lock();
+    peer.state = outcome;
+    // The backoff counts from the end of this attempt: a slow attempt must not let the next caller in
+    // at once.
+    peer.retry_after = absl::Now() + (outcome == UcxPeer::State::kUnsupported ? kUcxUnsupportedRecheck
+                                                                              : options.ucx_reconnect_backoff);
+    if (outcome == UcxPeer::State::kReady) {
+      peer.endpoint = connection->endpoint;
+      peer.client = ucx_client;
+      peer.takes_leases = connection->takes_leases;
+      stats.ucx_connects.fetch_add(1, std::memory_order_relaxed);
+    }
+    peer.connected.notify_all();
+    if (outcome != UcxPeer::State::kReady) return std::nullopt;
     return peer.endpoint;
   }
 
@@ -482,7 +498,7 @@ class Client::Impl {
     v1::ReadRequest req;
     *req.mutable_namespace_() = pns;
     if (options.transport != "grpc") {
-      if (auto endpoint = UcxEndpoint(member); endpoint.has_value()) {
+      if (auto endpoint = UcxEndpoint(member, deadline); endpoint.has_value()) {
         GetOverUcx(member, *endpoint, pns, keys, idx, block_bytes, buffers, results, deadline);
         return;
       }
@@ -541,7 +557,7 @@ class Client::Impl {
     v1::CacheService::Stub& stub = *member.cache;
     std::optional<UcxClient::EndpointId> ucx_endpoint;
     if (options.transport != "grpc") {
-      ucx_endpoint = UcxEndpoint(member);
+      ucx_endpoint = UcxEndpoint(member, absl::Now() + options.rpc_timeout);
       if (!ucx_endpoint.has_value() && options.transport == "ucx") {
         stats.rpc_errors.fetch_add(1, std::memory_order_relaxed);
         return;  // no fallback: all kError
@@ -1145,7 +1161,9 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   if (impl->options.transport != "grpc") {
     Impl& im = *impl;
     const std::shared_ptr<const RingView> view = im.View();
-    Impl::ForEachParallel(view->owners.size(), [&](size_t r) { (void)im.UcxEndpoint(*view->owners[r]); });
+    Impl::ForEachParallel(view->owners.size(), [&](size_t r) {
+      (void)im.UcxEndpoint(*view->owners[r], absl::Now() + im.options.rpc_timeout);
+    });
   }
   const bool replicates = options.replication_factor > 1 || !options.replication_overrides.empty() ||
                           options.hot_read_replicas > 0;
@@ -1414,9 +1432,14 @@ absl::StatusOr<std::vector<PutResult>> Client::Put(const Namespace& ns, std::spa
     std::vector<PutResult> batch(idx.size(), PutResult::kError);
     im.PutBatch(*view->owners[owner], pns, keys, depths, data, block_bytes, batch);
     for (size_t k = 0; k < idx.size(); ++k) results[idx[k]] = batch[k];
+    return std::all_of(batch.begin(), batch.end(), [](PutResult p) { return p == PutResult::kError; });
   };
   Impl::ForEachParallel(runs.size(), [&](size_t r) {
-    for (size_t g = runs[r].first; g < runs[r].second; ++g) put_batch(g);
+    for (size_t g = runs[r].first; g < runs[r].second; ++g) {
+      // An owner that failed a whole batch (down, or past its deadline) is not waited for again: the
+      // rest of its blocks stay kError, so a dead owner costs one batch's deadlines, not one per batch.
+      if (put_batch(g)) break;
+    }
   });
   im.EnqueueReplicas(*view, ns, fps, shard, blocks, first_block_index, results);
 

@@ -285,6 +285,10 @@ class Client {
   // With replication the result is the primary owner's; the blocks the primary stored, refused or could
   // not take (kStored, kNoSpace, kError) are copied into the background queue for the other owners
   // (kAlreadyPresent and kInProgress blocks are not: their writer replicated them).
+  // Time: owners in parallel, each owner's batches (put_batch_blocks) in order. Each step of a batch
+  // (Allocate, the transfer, Commit) has its own rpc_timeout, so a batch to a dead or stopped owner
+  // costs one to two rpc_timeouts; an owner that fails a whole batch gets no more batches in this call
+  // (the rest of its blocks are kError at once).
   // Errors: InvalidArgument (sizes or counts disagree, shard >= tp_size).
   absl::StatusOr<std::vector<PutResult>> Put(const Namespace& ns, std::span<const Fingerprint> fingerprints,
                                              uint32_t shard, std::span<const std::span<const std::byte>> blocks,
