@@ -200,8 +200,13 @@ struct UcxServer::Impl {
     lp.conn_handler.cb = &Impl::OnConnRequest;
     lp.conn_handler.arg = this;
     if ((st = ucp_listener_create(worker, &lp, &listener)) != UCS_OK) {
-      return absl::UnavailableError(absl::StrCat("cannot listen for UCX on ", options.listen_address, ": ",
-                                                 ucs_status_string(st), " (UCX_TLS must include tcp)"));
+      // UCX 1.13 binds its listener without SO_REUSEADDR (UCX_TCP_CM_REUSEADDR does not reach it): after
+      // a kill -9 the port stays taken while connections of the old process sit in TIME_WAIT (60 s).
+      return absl::UnavailableError(absl::StrCat(
+          "cannot listen for UCX on ", options.listen_address, ": ", ucs_status_string(st),
+          st == UCS_ERR_BUSY ? " (the port is in use, or held for up to 60 s by connections of a process that "
+                               "was killed there; port 0 picks a free one, which clients find through GetInfo)"
+                             : " (UCX_TLS must include tcp)"));
     }
     ucp_listener_attr_t la{};
     la.field_mask = UCP_LISTENER_ATTR_FIELD_SOCKADDR;
