@@ -267,6 +267,39 @@ class ModuleTest(unittest.TestCase):
         with self.assertRaises(ValueError):
             self.client.get_ptrs(ns, fps, ptrs2, half - 1)
 
+    def test_raw_pointer_sizes_are_checked_before_any_copy(self):
+        ns = kvtier.Namespace(kvtier_cluster.unique("ptr-sizes"), "m", num_layers=2, num_kv_heads=2, head_dim=16,
+                              block_tokens=4)
+        b = ns.block_bytes
+        fps = kvtier.fingerprints(ns, list(range(4)))
+        src = np.arange(b, dtype=np.uint8)
+        dst = np.full(b, 7, np.uint8)
+        two_src = [src.ctypes.data, src.ctypes.data]
+        two_dst = [dst.ctypes.data, dst.ctypes.data]
+        # Sizes whose sum wraps around 2^64 to exactly block_bytes; each alone is far too large.
+        for sizes, field in (([2**64 - 8, b + 8], "sizes[0]"), ([b + 8, 2**64 - 8], "sizes[0]"),
+                             ([b, 1], "sizes[1]"), ([-8, b + 8], "sizes[0]"), ([8, -8], "sizes[1]"),
+                             ([2**64, 0], "sizes[0]"), ([b - 1, 0], "sizes")):
+            with self.assertRaises(ValueError, msg=sizes) as cm:
+                self.client.put_ptrs(ns, fps, two_src, sizes)
+            self.assertIn(field, str(cm.exception))
+            with self.assertRaises(ValueError, msg=sizes) as cm:
+                self.client.get_ptrs(ns, fps, two_dst, sizes)
+            self.assertIn(field, str(cm.exception))
+        with self.assertRaises(ValueError) as cm:
+            self.client.get_ptrs(ns, fps, [dst.ctypes.data], -b)
+        self.assertIn("sizes", str(cm.exception))
+        with self.assertRaises(ValueError) as cm:
+            self.client.get_ptrs(ns, fps, [-dst.ctypes.data], b)
+        self.assertIn("ptrs[0]", str(cm.exception))
+        with self.assertRaises(TypeError):
+            self.client.get_ptrs(ns, fps, two_dst, [b / 2, b / 2])
+        self.assertEqual(self.client.lookup(ns, fps), 0)  # nothing was stored
+        self.assertTrue((dst == 7).all())  # nothing was written
+        # numpy integers are accepted as sizes and addresses.
+        self.assertEqual(self.client.put_ptrs(ns, fps, [np.uint64(src.ctypes.data)], [np.int64(b)]),
+                         [kvtier.PutResult.STORED])
+
     def test_stats_count_each_block_once(self):
         ns = kvtier.Namespace(kvtier_cluster.unique("st"), "m", num_layers=1, num_kv_heads=1, head_dim=8,
                               block_tokens=4)

@@ -139,9 +139,13 @@ BlockBuffers AcquireBlocks(py::handle buffers, size_t n, uint64_t block_bytes, b
     return out;
   }
   BorrowedBuffer b = BorrowedBuffer::Acquire(buffers, writable, "buffers");
-  if (b.size_bytes() != n * block_bytes) {
+  uint64_t want_bytes;  // a product that wrapped could equal a small buffer's size
+  if (__builtin_mul_overflow(uint64_t{n}, block_bytes, &want_bytes)) {
+    throw py::value_error(absl::StrCat("buffers: ", n, " blocks x ", block_bytes, " bytes is over 2^64 bytes"));
+  }
+  if (b.size_bytes() != want_bytes) {
     throw py::value_error(absl::StrCat("buffers: is ", b.size_bytes(), " bytes, want ", n, " blocks x ", block_bytes,
-                                       " bytes = ", n * block_bytes,
+                                       " bytes = ", want_bytes,
                                        " (pass one [n, ...] array for all blocks, or a list of n buffers)"));
   }
   for (size_t i = 0; i < n; ++i) out.blocks.emplace_back(b.data() + i * block_bytes, block_bytes);

@@ -10,6 +10,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <cstdint>
 #include <cstring>
 #include <memory>
 #include <optional>
@@ -97,6 +98,32 @@ uint32_t ToU32(py::handle v, const char* field) {
   const auto x = v.cast<long long>();
   if (x < 0 || x > 0xFFFFFFFFLL) throw py::value_error(absl::StrCat("layout.", field, ": ", x, " is out of range"));
   return static_cast<uint32_t>(x);
+}
+
+// A non-negative int argument (an int or an object with __index__, such as a numpy integer), at most
+// `max`. Raises TypeError (not an int) or ValueError (negative or above `max`) naming `what`.
+uint64_t ToUnsigned(py::handle v, const std::string& what, uint64_t max) {
+  if (py::isinstance<py::bool_>(v) || !PyIndex_Check(v.ptr())) {
+    throw py::type_error(absl::StrCat(what, ": must be an int"));
+  }
+  const auto i = py::reinterpret_steal<py::object>(PyNumber_Index(v.ptr()));
+  if (!i) throw py::error_already_set();
+  int sign = 0;  // PyLong_AsLongLongAndOverflow sets it to -1 or 1 when the value does not fit
+  const long long x = PyLong_AsLongLongAndOverflow(i.ptr(), &sign);
+  if (x == -1 && PyErr_Occurred()) throw py::error_already_set();
+  if (sign < 0 || (sign == 0 && x < 0)) {
+    throw py::value_error(absl::StrCat(what, ": ", std::string(py::str(i)), " is negative"));
+  }
+  uint64_t u = static_cast<uint64_t>(x);
+  if (sign > 0) {
+    u = PyLong_AsUnsignedLongLong(i.ptr());
+    if (PyErr_Occurred()) {
+      PyErr_Clear();
+      throw py::value_error(absl::StrCat(what, ": ", std::string(py::str(i)), " does not fit in 64 bits"));
+    }
+  }
+  if (u > max) throw py::value_error(absl::StrCat(what, ": ", u, " is above the limit of ", max));
+  return u;
 }
 
 std::string ToName(py::handle v, const char* field) {
@@ -341,7 +368,12 @@ py::object Fingerprints(const Namespace& ns, py::handle tokens, py::object lora,
 py::object ExternalKeyFingerprints(const Namespace& ns, const py::sequence& keys, bool as_numpy) {
   std::vector<std::string> raw;
   raw.reserve(keys.size());
-  for (size_t i = 0; i < keys.size(); ++i) raw.push_back(ToBytes(keys[i], absl::StrCat("keys[", i, "]")));
+  for (size_t i = 0; i < keys.size(); ++i) {
+    raw.push_back(ToBytes(keys[i], absl::StrCat("keys[", i, "]")));
+    if (raw.back().size() > UINT32_MAX) {  // its length is hashed as a u32
+      throw py::value_error(absl::StrCat("keys[", i, "]: is ", raw.back().size(), " bytes, more than 2^32 - 1"));
+    }
+  }
   std::vector<Fingerprint> fps(raw.size());
   {
     py::gil_scoped_release release;
@@ -433,7 +465,7 @@ PyClient Connect(py::handle members, int64_t rpc_timeout_ms, int64_t connect_tim
 
 struct PyLookupResult {
   uint32_t prefix_blocks = 0;
-  uint32_t prefix_tokens = 0;
+  uint64_t prefix_tokens = 0;  // block_tokens may be near 2^32: a product of two u32s needs 64 bits
   std::vector<bool> present;
   uint32_t blocks_from_errors = 0;
 };
@@ -448,7 +480,7 @@ PyLookupResult LookupDetail(const PyClient& self, const Namespace& ns, py::handl
   }
   client::LookupResult v = ValueOrThrow(std::move(r));
   return {.prefix_blocks = v.prefix_blocks,
-          .prefix_tokens = v.prefix_blocks * ns.layout.block_tokens,
+          .prefix_tokens = uint64_t{v.prefix_blocks} * ns.layout.block_tokens,
           .present = std::move(v.present),
           .blocks_from_errors = v.blocks_from_errors};
 }
@@ -486,6 +518,7 @@ struct Segments {
   size_t per_block = 0;
   std::vector<std::byte*> ptrs;
   std::vector<uint64_t> sizes;
+  size_t staging_bytes = 0;  // n * block_bytes when blocks have several segments, else 0
 };
 
 Segments ToSegments(const py::sequence& ptrs, py::handle sizes, size_t n, uint64_t block_bytes) {
@@ -495,26 +528,41 @@ Segments ToSegments(const py::sequence& ptrs, py::handle sizes, size_t n, uint64
     throw py::value_error(absl::StrCat("ptrs: ", ptrs.size(), " addresses for ", n, " blocks (want a multiple)"));
   }
   s.per_block = ptrs.size() / n;
-  for (py::handle p : ptrs) {
-    const auto addr = p.cast<uintptr_t>();
-    if (addr == 0) throw py::value_error("ptrs: null address");
-    s.ptrs.push_back(reinterpret_cast<std::byte*>(addr));
+  for (size_t i = 0; i < ptrs.size(); ++i) {
+    const uint64_t addr = ToUnsigned(ptrs[i], absl::StrCat("ptrs[", i, "]"), UINTPTR_MAX);
+    if (addr == 0) throw py::value_error(absl::StrCat("ptrs[", i, "]: null address"));
+    s.ptrs.push_back(reinterpret_cast<std::byte*>(static_cast<uintptr_t>(addr)));
   }
   if (py::isinstance<py::int_>(sizes)) {
-    s.sizes.assign(s.ptrs.size(), sizes.cast<uint64_t>());
+    s.sizes.assign(s.ptrs.size(), ToUnsigned(sizes, "sizes", block_bytes));
   } else {
-    for (py::handle v : sizes) s.sizes.push_back(v.cast<uint64_t>());
+    for (py::handle v : sizes) {
+      s.sizes.push_back(ToUnsigned(v, absl::StrCat("sizes[", s.sizes.size(), "]"), block_bytes));
+    }
     if (s.sizes.size() != s.ptrs.size()) {
       throw py::value_error(absl::StrCat("sizes: ", s.sizes.size(), " sizes for ", s.ptrs.size(), " addresses"));
     }
   }
   for (size_t b = 0; b < n; ++b) {
+    // The total stays at most block_bytes, so it cannot wrap: checking only the final sum would let
+    // sizes such as 2^64 - 8 and block_bytes + 8 through, and the copies below would then overrun.
     uint64_t total = 0;
-    for (size_t k = 0; k < s.per_block; ++k) total += s.sizes[b * s.per_block + k];
-    if (total != block_bytes) {
-      throw py::value_error(absl::StrCat("block ", b, ": its segments hold ", total, " bytes, want ", block_bytes,
-                                         " (the namespace's block_bytes)"));
+    for (size_t k = 0; k < s.per_block; ++k) {
+      const size_t i = b * s.per_block + k;
+      if (s.sizes[i] > block_bytes - total) {
+        throw py::value_error(absl::StrCat("sizes[", i, "]: the segments of block ", b, " hold more than ",
+                                           block_bytes, " bytes (the namespace's block_bytes)"));
+      }
+      total += s.sizes[i];
     }
+    if (total != block_bytes) {
+      throw py::value_error(absl::StrCat("sizes: the segments of block ", b, " hold ", total, " bytes, want ",
+                                         block_bytes, " (the namespace's block_bytes)"));
+    }
+  }
+  if (s.per_block > 1 && __builtin_mul_overflow(n, block_bytes, &s.staging_bytes)) {
+    throw py::value_error(
+        absl::StrCat("fingerprints: ", n, " blocks of ", block_bytes, " bytes overflow the address space"));
   }
   return s;
 }
@@ -529,7 +577,7 @@ std::vector<GetResult> GetPtrs(const PyClient& self, const Namespace& ns, py::ha
   {
     py::gil_scoped_release release;
     // One segment per block: straight into place. Several: through one staging buffer, then scattered.
-    std::vector<std::byte> staging(seg.per_block > 1 ? fps.size() * block_bytes : 0);
+    std::vector<std::byte> staging(seg.staging_bytes);
     std::vector<std::span<std::byte>> views;
     for (size_t b = 0; b < fps.size(); ++b) {
       views.emplace_back(seg.per_block == 1 ? seg.ptrs[b] : staging.data() + b * block_bytes, block_bytes);
@@ -559,7 +607,7 @@ std::vector<PutResult> PutPtrs(const PyClient& self, const Namespace& ns, py::ha
   absl::StatusOr<std::vector<PutResult>> r;
   {
     py::gil_scoped_release release;
-    std::vector<std::byte> staging(seg.per_block > 1 ? fps.size() * block_bytes : 0);
+    std::vector<std::byte> staging(seg.staging_bytes);
     std::vector<std::span<const std::byte>> views;
     for (size_t b = 0; b < fps.size(); ++b) {
       if (seg.per_block == 1) {
