@@ -133,6 +133,27 @@ class ModuleTest(unittest.TestCase):
         with self.assertRaises(TypeError):
             kvtier.fingerprints(ns, b"not tokens")
 
+    def test_negative_extra_key_numbers_are_value_errors_naming_the_field(self):
+        ns = llama_like("t")
+        toks = prompt(64)
+        for multimodal, field in (([("h", -1, 5)], "multimodal[0][1]"),
+                                  ([("h", 0, 5), ("h", 3, -5)], "multimodal[1][2]"),
+                                  ([("h", 2**32, 5)], "multimodal[0][1]")):
+            with self.assertRaises(ValueError) as cm:
+                kvtier.fingerprints(ns, toks, multimodal=multimodal)
+            self.assertIn(field, str(cm.exception))
+        with self.assertRaises(ValueError) as cm:
+            self.client.fingerprints(ns, toks, lora=("adapter", -1))
+        self.assertIn("lora[1]", str(cm.exception))
+        with self.assertRaises(ValueError) as cm:
+            kvtier.fingerprints(ns, toks, lora={"adapter_id": "adapter", "version": -1})
+        self.assertIn("lora['version']", str(cm.exception))
+        with self.assertRaises(TypeError):
+            kvtier.fingerprints(ns, toks, multimodal=[("h", 1.5, 5)])
+        # numpy integers are ints here, as they are for tokens.
+        self.assertEqual(kvtier.fingerprints(ns, toks, multimodal=[("h", np.int64(20), np.uint32(10))]),
+                         kvtier.fingerprints(ns, toks, multimodal=[("h", 20, 10)]))
+
     def test_external_key_fingerprints_are_deterministic_and_namespaced(self):
         ns = llama_like("t")
         a = kvtier.external_key_fingerprints(ns, ["k1", "k2"])

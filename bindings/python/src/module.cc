@@ -306,12 +306,12 @@ ExtraKeys ToExtraKeys(py::object lora, py::object cache_salt, py::object multimo
     if (py::isinstance<py::dict>(lora)) {
       py::dict d = lora.cast<py::dict>();
       k.adapter_id = ToBytes(d["adapter_id"], "lora['adapter_id']");
-      if (d.contains("version")) k.version = d["version"].cast<uint64_t>();
+      if (d.contains("version")) k.version = ToUnsigned(d["version"], "lora['version']", UINT64_MAX);
     } else if (py::isinstance<py::tuple>(lora) || py::isinstance<py::list>(lora)) {
       py::sequence s = lora.cast<py::sequence>();
       if (s.size() != 2) throw py::value_error("lora: must be (adapter_id, version)");
       k.adapter_id = ToBytes(s[0], "lora[0]");
-      k.version = s[1].cast<uint64_t>();
+      k.version = ToUnsigned(s[1], "lora[1]", UINT64_MAX);
     } else {
       k.adapter_id = ToBytes(lora, "lora");
     }
@@ -324,9 +324,11 @@ ExtraKeys ToExtraKeys(py::object lora, py::object cache_salt, py::object multimo
       const std::string what = absl::StrCat("multimodal[", i, "]");
       py::sequence m = items[i].cast<py::sequence>();
       if (m.size() != 3) throw py::value_error(absl::StrCat(what, ": must be (content_hash, offset_tokens, length_tokens)"));
+      const auto offset_tokens = static_cast<uint32_t>(ToUnsigned(m[1], what + "[1] (offset_tokens)", UINT32_MAX));
+      const auto length_tokens = static_cast<uint32_t>(ToUnsigned(m[2], what + "[2] (length_tokens)", UINT32_MAX));
       keys.multimodal.push_back({.content_hash = ToBytes(m[0], what + "[0]"),
-                                 .offset_tokens = m[1].cast<uint32_t>(),
-                                 .length_tokens = m[2].cast<uint32_t>()});
+                                 .offset_tokens = offset_tokens,
+                                 .length_tokens = length_tokens});
     }
   }
   return keys;
