@@ -321,6 +321,36 @@ class ModuleTest(unittest.TestCase):
         self.assertEqual(self.client.put_ptrs(ns, fps, [np.uint64(src.ctypes.data)], [np.int64(b)]),
                          [kvtier.PutResult.STORED])
 
+    def test_result_enums_compare_with_ints_by_value(self):
+        for cls, names in ((kvtier.GetResult, ["HIT", "MISS", "MISS_FROM_ERROR", "CHECKSUM_MISMATCH"]),
+                           (kvtier.PutResult, ["STORED", "ALREADY_PRESENT", "IN_PROGRESS", "NO_SPACE", "ERROR"])):
+            self.assertEqual(list(cls.__members__), names)
+            for value, name in enumerate(names):
+                member = getattr(cls, name)
+                self.assertTrue(member == value and value == member, name)
+                self.assertFalse(member != value, name)
+                self.assertNotEqual(member, value + 1)
+                self.assertEqual(int(member), value)
+                self.assertEqual(hash(member), hash(value))
+                self.assertEqual({value: name}[member], name)
+                self.assertEqual(cls(value), member)
+                self.assertLess(member, len(names))
+                self.assertGreaterEqual(member, 0)
+                self.assertNotEqual(member, str(value))
+        self.assertEqual([0, 1][kvtier.GetResult.MISS], 1)  # operator.index
+        self.assertLess(kvtier.GetResult.HIT, kvtier.GetResult.MISS)
+        self.assertNotEqual(kvtier.GetResult.HIT, kvtier.PutResult.STORED)  # both 0, different enums
+        with self.assertRaises(TypeError):
+            kvtier.GetResult.HIT < kvtier.PutResult.STORED
+        with self.assertRaises(TypeError):
+            kvtier.GetResult.HIT < "0"
+        # Results from the server compare with ints too.
+        ns = kvtier.Namespace(kvtier_cluster.unique("enum"), "m", num_layers=1, num_kv_heads=1, head_dim=8,
+                              block_tokens=4)
+        fps = kvtier.fingerprints(ns, list(range(8)))
+        self.assertEqual(self.client.put(ns, fps[:1], bytes(ns.block_bytes)), [0])
+        self.assertEqual(self.client.get(ns, fps, bytearray(2 * ns.block_bytes)), [0, 1])
+
     def test_stats_count_each_block_once(self):
         ns = kvtier.Namespace(kvtier_cluster.unique("st"), "m", num_layers=1, num_kv_heads=1, head_dim=8,
                               block_tokens=4)

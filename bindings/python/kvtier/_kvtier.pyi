@@ -17,8 +17,7 @@ Shapes and units
 
 from __future__ import annotations
 
-import enum
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, ClassVar, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import numpy.typing as npt
@@ -41,18 +40,58 @@ class InvalidArgumentError(Error, ValueError):
 class UnavailableError(Error, ConnectionError):
     """No member could be reached (UNAVAILABLE); retrying may succeed."""
 
-class GetResult(enum.IntEnum):
-    HIT = 0  # bytes arrived and matched their checksum
-    MISS = 1  # the owner does not hold the block
-    MISS_FROM_ERROR = 2  # the owner failed, timed out or was unreachable (counted)
-    CHECKSUM_MISMATCH = 3  # bytes arrived corrupted and were discarded
+# GetResult and PutResult are pybind11 enums, not enum.IntEnum: their members are not ints (isinstance
+# (GetResult.HIT, int) is False) and support no arithmetic. They do act as ints where results are
+# checked: they compare with ints by value (GetResult.HIT == 0, GetResult.MISS > 0), hash as their
+# value (so {0: ...}[GetResult.HIT] works), and convert with int() and operator.index(). A member never
+# equals a member of the other enum (GetResult.HIT != PutResult.STORED).
 
-class PutResult(enum.IntEnum):
-    STORED = 0
-    ALREADY_PRESENT = 1
-    IN_PROGRESS = 2
-    NO_SPACE = 3
-    ERROR = 4
+class GetResult:
+    """Outcome of one block of Client.get."""
+
+    HIT: ClassVar[GetResult]  # 0: bytes arrived and matched their checksum
+    MISS: ClassVar[GetResult]  # 1: the owner does not hold the block
+    MISS_FROM_ERROR: ClassVar[GetResult]  # 2: the owner failed, timed out or was unreachable (counted)
+    CHECKSUM_MISMATCH: ClassVar[GetResult]  # 3: bytes arrived corrupted and were discarded
+    __members__: ClassVar[Dict[str, GetResult]]
+    def __init__(self, value: int) -> None: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def value(self) -> int: ...
+    def __int__(self) -> int: ...
+    def __index__(self) -> int: ...
+    def __hash__(self) -> int: ...
+    def __eq__(self, other: object) -> bool: ...
+    def __ne__(self, other: object) -> bool: ...
+    def __lt__(self, other: Union[GetResult, int]) -> bool: ...
+    def __le__(self, other: Union[GetResult, int]) -> bool: ...
+    def __gt__(self, other: Union[GetResult, int]) -> bool: ...
+    def __ge__(self, other: Union[GetResult, int]) -> bool: ...
+
+class PutResult:
+    """Outcome of one block of Client.put."""
+
+    STORED: ClassVar[PutResult]  # 0: committed by this call
+    ALREADY_PRESENT: ClassVar[PutResult]  # 1: the owner had it; its recency was refreshed
+    IN_PROGRESS: ClassVar[PutResult]  # 2: another writer is storing it now
+    NO_SPACE: ClassVar[PutResult]  # 3: the owner had nothing evictable
+    ERROR: ClassVar[PutResult]  # 4: the owner failed, timed out or was unreachable (counted)
+    __members__: ClassVar[Dict[str, PutResult]]
+    def __init__(self, value: int) -> None: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def value(self) -> int: ...
+    def __int__(self) -> int: ...
+    def __index__(self) -> int: ...
+    def __hash__(self) -> int: ...
+    def __eq__(self, other: object) -> bool: ...
+    def __ne__(self, other: object) -> bool: ...
+    def __lt__(self, other: Union[PutResult, int]) -> bool: ...
+    def __le__(self, other: Union[PutResult, int]) -> bool: ...
+    def __gt__(self, other: Union[PutResult, int]) -> bool: ...
+    def __ge__(self, other: Union[PutResult, int]) -> bool: ...
 
 class KvLayout:
     """What one stored block holds. KvLayout(**fields); see the module docstring for the shape."""

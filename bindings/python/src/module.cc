@@ -662,6 +662,37 @@ py::list Members(const PyClient& self) {
   return out;
 }
 
+// Makes the members of a result enum compare with ints by value (GetResult.HIT == 0, MISS > HIT), as
+// enum.IntEnum members do. py::arithmetic() alone does not: for a scoped enum (enum class) pybind11's
+// comparisons accept only members of the same enum. Members still hash as their value (pybind11's
+// __hash__) and convert with int() and operator.index(). Unlike IntEnum members they are not ints, and
+// they never equal a member of another enum (the comparison is NotImplemented, so == is False).
+template <typename E>
+void CompareAsInts(py::enum_<E>& cls) {
+  const auto compare = [](int op) {
+    return [op](E self, const py::object& other) -> py::object {
+      py::object rhs;
+      if (py::isinstance<E>(other)) {
+        rhs = py::int_(static_cast<int>(other.cast<E>()));
+      } else if (py::isinstance<py::int_>(other)) {
+        rhs = other;
+      } else {
+        return py::reinterpret_borrow<py::object>(Py_NotImplemented);
+      }
+      PyObject* r = PyObject_RichCompare(py::int_(static_cast<int>(self)).ptr(), rhs.ptr(), op);
+      if (r == nullptr) throw py::error_already_set();
+      return py::reinterpret_steal<py::object>(r);
+    };
+  };
+  // Assigned, not def()'d: def() would chain these after pybind11's own comparisons, which run first
+  // and raise TypeError for an int.
+  const std::pair<const char*, int> ops[] = {{"__eq__", Py_EQ}, {"__ne__", Py_NE}, {"__lt__", Py_LT},
+                                             {"__le__", Py_LE}, {"__gt__", Py_GT}, {"__ge__", Py_GE}};
+  for (const auto& [name, op] : ops) {
+    cls.attr(name) = py::cpp_function(compare(op), py::name(name), py::is_method(cls), py::arg("other"));
+  }
+}
+
 py::object NewException(const char* name, py::handle bases, const char* doc) {
   PyObject* cls = PyErr_NewExceptionWithDoc(name, doc, bases.ptr(), nullptr);
   if (cls == nullptr) throw py::error_already_set();
@@ -692,19 +723,24 @@ PYBIND11_MODULE(_kvtier, m) {
   m.attr("UnavailableError") = e.unavailable;
 
   // Enums -------------------------------------------------------------------------------------------
-  py::enum_<GetResult>(m, "GetResult", "Outcome of one block of Client.get.")
+  // Both compare with ints by value (GetResult.HIT == 0) and convert with int(); see CompareAsInts.
+  py::enum_<GetResult> get_result(m, "GetResult", "Outcome of one block of Client.get.");
+  get_result
       .value("HIT", GetResult::kHit, "The bytes arrived and matched their checksum.")
       .value("MISS", GetResult::kMiss, "The owner does not hold the block.")
       .value("MISS_FROM_ERROR", GetResult::kMissFromError,
              "The owner failed, timed out or was unreachable (counted in stats()['misses_from_errors']).")
       .value("CHECKSUM_MISMATCH", GetResult::kChecksumMismatch,
              "Bytes arrived corrupted and were discarded; the buffer is not valid.");
-  py::enum_<PutResult>(m, "PutResult", "Outcome of one block of Client.put.")
+  py::enum_<PutResult> put_result(m, "PutResult", "Outcome of one block of Client.put.");
+  put_result
       .value("STORED", PutResult::kStored, "Committed by this call.")
       .value("ALREADY_PRESENT", PutResult::kAlreadyPresent, "The owner had it; its recency was refreshed.")
       .value("IN_PROGRESS", PutResult::kInProgress, "Another writer is storing it now.")
       .value("NO_SPACE", PutResult::kNoSpace, "The owner had nothing evictable.")
       .value("ERROR", PutResult::kError, "The owner failed, timed out or was unreachable (counted).");
+  CompareAsInts(get_result);
+  CompareAsInts(put_result);
 
   // KvLayout ----------------------------------------------------------------------------------------
   py::class_<KvLayout>(m, "KvLayout", R"doc(
