@@ -214,6 +214,8 @@ TEST_P(UcxInProcessTest, BlocksAboveTheLimitAreRefusedUpFront) {
   std::vector<std::span<std::byte>> out = {b};
   EXPECT_EQ(c->Put(ns, fps, 0, in).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(c->Get(ns, fps, 0, out).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(c->LookupPrefix(ns, fps).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(c->stats().misses_from_errors.load(), 0u);  // the caller's error, not a server's
   EXPECT_EQ(Stats(Address()).read_blocks() + Stats(Address()).committed_blocks(), 0u);  // nothing was sent
 }
 

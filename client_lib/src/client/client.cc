@@ -1224,6 +1224,11 @@ std::vector<MemberInfo> Client::members() const {
 absl::StatusOr<LookupResult> Client::LookupPrefix(const Namespace& ns, std::span<const Fingerprint> fps) {
   const absl::Time call_deadline = Impl::CallDeadline(absl::Now(), impl_->options.rpc_timeout);
   if (absl::Status s = ns.Validate(); !s.ok()) return s;
+  // As Get and Put: a layout no server takes is the caller's error, not a server's failure.
+  if (const uint64_t block_bytes = ns.layout.ShardBytes(); block_bytes > impl_->options.max_block_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("a block of this layout is ", block_bytes,
+                                                   " bytes, above max_block_bytes ", impl_->options.max_block_bytes));
+  }
   Impl& im = *impl_;
   const uint32_t tp = ns.layout.tp_size;
   LookupResult result;

@@ -265,7 +265,7 @@ class Client {
 
   // How many leading blocks of `fingerprints` (a ChainFingerprints chain of `ns`) the cluster holds, on
   // every TP shard of ns.layout. One batched existence query per owner, in parallel; takes no lease.
-  // Errors: InvalidArgument (invalid namespace).
+  // Errors: InvalidArgument (invalid namespace, a block above max_block_bytes).
   absl::StatusOr<LookupResult> LookupPrefix(const Namespace& ns, std::span<const Fingerprint> fingerprints);
 
   // Fetches shard `shard` of each block into `buffers[i]` (caller-owned host memory, borrowed for the
