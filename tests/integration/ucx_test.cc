@@ -520,6 +520,43 @@ TEST_F(UcxProcessTest, CallersDoNotQueueBehindAReconnectToAStoppedServer) {
   EXPECT_LT(slowest, timeout + absl::Milliseconds(500));
 }
 
+// A server that stops answering for a while (a loaded or paused machine, here SIGSTOP for 800 ms): the
+// kLease goes unanswered past its budget (a quarter of rpc_timeout), the lease is asked again over gRPC
+// and answered once the server runs again, and the blocks then come over gRPC: hits, not misses.
+TEST_F(UcxProcessTest, AServerThatAnswersTheLeaseLateServesTheGetOverGrpc) {
+  auto node = StartNode("node-l");
+  ASSERT_OK(node);
+  const absl::Duration timeout = absl::Seconds(2);
+  auto c = Client::Connect({.members = {"node-l=" + (*node)->address()}, .rpc_timeout = timeout,
+                            .transport = "auto"});
+  ASSERT_OK(c);
+  Client& cl = **c;
+  const Namespace ns = NamespaceOfBlockBytes(64 << 10);
+  const auto fps = Fingerprints(ns, 4);
+  Blocks in = MakeBlocks(fps, 64 << 10);
+  PutThenGetEveryByte(cl, ns, fps);
+  ASSERT_EQ(cl.stats().ucx_leases.load(), 1u);
+  const pid_t pid = (*node)->pid();
+  ASSERT_EQ(kill(pid, SIGSTOP), 0);
+  auto resume = std::async(std::launch::async, [pid] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(800));
+    kill(pid, SIGCONT);
+  });
+  std::vector<std::vector<std::byte>> out(fps.size(), std::vector<std::byte>(64 << 10));
+  std::vector<std::span<std::byte>> views(out.begin(), out.end());
+  const absl::Time start = absl::Now();
+  auto got = cl.Get(ns, fps, 0, views);
+  EXPECT_LT(absl::Now() - start, timeout);
+  resume.get();
+  ASSERT_OK(got);
+  for (size_t i = 0; i < fps.size(); ++i) {
+    EXPECT_EQ((*got)[i], GetResult::kHit) << i;
+    EXPECT_TRUE(out[i] == in.data[i]) << i;
+  }
+  EXPECT_EQ(cl.stats().misses_from_errors.load(), 0u);
+  EXPECT_EQ(cl.stats().ucx_endpoint_failures.load(), 1u);  // dropped, reconnected by a later call
+}
+
 // A Put of many batches to a stopped owner: the first batch that fails whole ends that owner's part of
 // the call, instead of every batch waiting for its own deadlines.
 TEST_F(UcxProcessTest, APutToAStoppedOwnerWaitsForOneBatchNotEvery) {

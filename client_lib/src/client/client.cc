@@ -389,7 +389,9 @@ class Client::Impl {
   // Get of one owner's batch over UCX: a kLease message (a server without tokens) or the unary Lease
   // RPC takes the lease, then the server sends the present blocks straight into `buffers` and releases
   // the lease.
-  void GetOverUcx(Member& member, UcxClient::EndpointId endpoint, const v1::Namespace& pns,
+  // Returns false, with nothing done to `results`, when the member answered the lease only over gRPC (a
+  // kLease unanswered in time, its endpoint dropped): the caller may move these bytes over gRPC instead.
+  bool GetOverUcx(Member& member, UcxClient::EndpointId endpoint, const v1::Namespace& pns,
                   std::span<const BlockKey> keys, std::span<const uint32_t> idx, uint64_t block_bytes,
                   std::span<const std::span<std::byte>> buffers, std::span<GetResult> results,
                   absl::Time deadline) {
@@ -407,10 +409,11 @@ class Client::Impl {
     // message to it is only answered by the deadline: lease over gRPC then, which fails at once.
     over_ucx = over_ucx && member.channel->GetState(/*try_to_connect=*/false) == GRPC_CHANNEL_READY;
     if (over_ucx) {  // the server requires no token: the lease needs no gRPC round trip
-      // A lease is answered in well under a millisecond; one not answered within a tenth of the call's
-      // time (at least 100 ms) is taken as a dead server and asked of gRPC, which fails at once then.
+      // A lease is answered in well under a millisecond; one not answered within a quarter of the call's
+      // time (at least 100 ms) is taken as a dead server and asked of gRPC, which fails at once then. A
+      // server that answers there was only slow (a loaded machine): its bytes come over gRPC this time.
       const absl::Time ucx_deadline =
-          std::min(deadline, absl::Now() + std::max(absl::Milliseconds(100), options.rpc_timeout / 10));
+          std::min(deadline, absl::Now() + std::max(absl::Milliseconds(100), options.rpc_timeout / 4));
       auto answer = ucx->Lease(endpoint, req.SerializeAsString(), ucx_deadline);
       got = answer.ok() && head.ParseFromString(*answer) && static_cast<size_t>(head.blocks_size()) == idx.size();
       stats.ucx_leases.fetch_add(got ? 1 : 0, std::memory_order_relaxed);
@@ -419,9 +422,10 @@ class Client::Impl {
         grpc::ClientContext ctx;
         ctx.set_deadline(absl::ToChronoTime(deadline));
         got = member.cache->Lease(&ctx, req, &head).ok() && static_cast<size_t>(head.blocks_size()) == idx.size();
-        if (got) {  // a slow server, not a dead one: its UCX endpoint was dropped, so no bytes this time
+        if (got) {  // a slow server, not a dead one: its UCX endpoint was dropped, so gRPC bytes this time
           ReleaseLease(member, head.lease_id());
-          got = false;
+          UcxEndpointFailed(member, endpoint);
+          return false;
         }
       }
     } else {
@@ -435,7 +439,7 @@ class Client::Impl {
       // The control plane is how a dead server shows (UCX endpoints run without peer failure handling):
       // reconnect after the backoff, so that a restarted server gets a fresh endpoint.
       UcxEndpointFailed(member, endpoint);
-      return;  // all kMissFromError
+      return true;  // all kMissFromError
     }
     std::vector<uint32_t> indices;  // lease indices to fetch
     std::vector<std::span<std::byte>> bufs;
@@ -456,7 +460,7 @@ class Client::Impl {
     if (!protocol_ok) stats.rpc_errors.fetch_add(1, std::memory_order_relaxed);
     if (indices.empty()) {
       ReleaseLease(member, head.lease_id());
-      return;
+      return true;
     }
     // Each block's checksum is verified as soon as it lands, while the next ones are still moving (from a
     // member on this node, on the get lane that received it: several j at once).
@@ -487,6 +491,7 @@ class Client::Impl {
       UcxEndpointFailed(member, endpoint);
       ReleaseLease(member, head.lease_id());  // the server may never have seen the request
     }
+    return true;
   }
 
 
@@ -498,8 +503,8 @@ class Client::Impl {
     v1::ReadRequest req;
     *req.mutable_namespace_() = pns;
     if (options.transport != "grpc") {
-      if (auto endpoint = UcxEndpoint(member, deadline); endpoint.has_value()) {
-        GetOverUcx(member, *endpoint, pns, keys, idx, block_bytes, buffers, results, deadline);
+      if (auto endpoint = UcxEndpoint(member, deadline); endpoint.has_value() &&
+          GetOverUcx(member, *endpoint, pns, keys, idx, block_bytes, buffers, results, deadline)) {
         return;
       }
       if (options.transport == "ucx") {  // no fallback: these blocks are misses from error
