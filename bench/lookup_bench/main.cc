@@ -99,7 +99,8 @@ int main(int argc, char** argv) {
   std::vector<std::string> members;
   for (int i = 0; i < n_servers; ++i) {
     auto s = kvtier::server::Server::Start(
-        {.node_id = "bench-" + std::to_string(i), .metrics_address = "", .host_cache_bytes = 64ULL << 20});
+        {.node_id = "bench-" + std::to_string(i), .metrics_address = "", .host_cache_bytes = 64ULL << 20,
+         .slab_bytes = 1ULL << 20, .max_block_bytes = 1ULL << 20});
     if (!s.ok()) {
       std::fprintf(stderr, "lookup_bench: %s\n", std::string(s.status().message()).c_str());
       return 1;
