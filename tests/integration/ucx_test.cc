@@ -7,6 +7,8 @@
 
 #include <chrono>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <future>
 #include <thread>
 #include <vector>
@@ -380,6 +382,28 @@ TEST(UcxFallbackTest, ServerWithoutUcxIsServedOverGrpc) {
 }
 
 // Real kvtier-server processes: kill -9 mid-transfer, restart, reconnect.
+// Stops `pid` (SIGSTOP) and waits until every thread of it has stopped: the signal takes effect as each
+// thread is next scheduled, and on a loaded machine a request may still be served in between.
+bool StopAndWait(pid_t pid) {
+  if (kill(pid, SIGSTOP) != 0) return false;
+  const std::string tasks = "/proc/" + std::to_string(pid) + "/task";
+  const absl::Time until = absl::Now() + absl::Seconds(5);
+  while (absl::Now() < until) {
+    bool all_stopped = true;
+    std::error_code ec;
+    for (const auto& task : std::filesystem::directory_iterator(tasks, ec)) {
+      std::ifstream in(task.path() / "stat");
+      std::string line;
+      std::getline(in, line);
+      const size_t paren = line.rfind(')');  // "tid (comm) state ...": comm may hold spaces
+      all_stopped &= paren != std::string::npos && paren + 2 < line.size() && line[paren + 2] == 'T';
+    }
+    if (!ec && all_stopped) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return false;
+}
+
 class UcxProcessTest : public ::testing::Test {
  protected:
   static absl::StatusOr<std::unique_ptr<testing::ServerProcess>> StartNode(const std::string& node_id,
@@ -491,7 +515,7 @@ TEST_F(UcxProcessTest, CallersDoNotQueueBehindAReconnectToAStoppedServer) {
   const auto fps = Fingerprints(ns, 4);
   PutThenGetEveryByte(cl, ns, fps);
   ASSERT_EQ(cl.members()[0].transport, "ucx");
-  ASSERT_EQ(kill((*node)->pid(), SIGSTOP), 0);
+  ASSERT_TRUE(StopAndWait((*node)->pid()));
   struct Resume {
     pid_t pid;
     ~Resume() { kill(pid, SIGCONT); }
@@ -537,7 +561,7 @@ TEST_F(UcxProcessTest, AServerThatAnswersTheLeaseLateServesTheGetOverGrpc) {
   PutThenGetEveryByte(cl, ns, fps);
   ASSERT_EQ(cl.stats().ucx_leases.load(), 1u);
   const pid_t pid = (*node)->pid();
-  ASSERT_EQ(kill(pid, SIGSTOP), 0);
+  ASSERT_TRUE(StopAndWait(pid));
   auto resume = std::async(std::launch::async, [pid] {
     std::this_thread::sleep_for(std::chrono::milliseconds(800));
     kill(pid, SIGCONT);
@@ -569,7 +593,7 @@ TEST_F(UcxProcessTest, APutToAStoppedOwnerWaitsForOneBatchNotEvery) {
   const Namespace ns = NamespaceOfBlockBytes(64 << 10);
   const auto fps = Fingerprints(ns, 40);  // 10 batches of 4
   Blocks in = MakeBlocks(fps, 64 << 10);
-  ASSERT_EQ(kill((*node)->pid(), SIGSTOP), 0);
+  ASSERT_TRUE(StopAndWait((*node)->pid()));
   struct Resume {
     pid_t pid;
     ~Resume() { kill(pid, SIGCONT); }

@@ -375,11 +375,13 @@ class Client::Impl {
     stats.ucx_endpoint_failures.fetch_add(1, std::memory_order_relaxed);
   }
 
-  // Best effort: returns a lease now rather than at its expiry.
-  void ReleaseLease(Member& member, uint64_t lease_id) {
-    if (lease_id == 0) return;
+  // Returns a lease now rather than at its expiry; best effort within the call's `deadline`: a lease not
+  // released expires by itself (its TTL), so a member that stopped answering must not hold the caller
+  // past its deadline here.
+  void ReleaseLease(Member& member, uint64_t lease_id, absl::Time deadline) {
+    if (lease_id == 0 || absl::Now() >= deadline) return;
     grpc::ClientContext ctx;
-    SetDeadline(ctx);
+    ctx.set_deadline(absl::ToChronoTime(deadline));
     v1::ReleaseRequest req;
     req.add_lease_ids(lease_id);
     v1::ReleaseResponse resp;
@@ -423,7 +425,7 @@ class Client::Impl {
         ctx.set_deadline(absl::ToChronoTime(deadline));
         got = member.cache->Lease(&ctx, req, &head).ok() && static_cast<size_t>(head.blocks_size()) == idx.size();
         if (got) {  // a slow server, not a dead one: its UCX endpoint was dropped, so gRPC bytes this time
-          ReleaseLease(member, head.lease_id());
+          ReleaseLease(member, head.lease_id(), deadline);
           UcxEndpointFailed(member, endpoint);
           return false;
         }
@@ -435,7 +437,7 @@ class Client::Impl {
     }
     if (!got) {
       stats.rpc_errors.fetch_add(1, std::memory_order_relaxed);
-      ReleaseLease(member, head.lease_id());
+      ReleaseLease(member, head.lease_id(), deadline);
       // The control plane is how a dead server shows (UCX endpoints run without peer failure handling):
       // reconnect after the backoff, so that a restarted server gets a fresh endpoint.
       UcxEndpointFailed(member, endpoint);
@@ -459,7 +461,7 @@ class Client::Impl {
     }
     if (!protocol_ok) stats.rpc_errors.fetch_add(1, std::memory_order_relaxed);
     if (indices.empty()) {
-      ReleaseLease(member, head.lease_id());
+      ReleaseLease(member, head.lease_id(), deadline);
       return true;
     }
     // Each block's checksum is verified as soon as it lands, while the next ones are still moving (from a
@@ -489,7 +491,7 @@ class Client::Impl {
     if (r.endpoint_failed) {
       stats.rpc_errors.fetch_add(1, std::memory_order_relaxed);
       UcxEndpointFailed(member, endpoint);
-      ReleaseLease(member, head.lease_id());  // the server may never have seen the request
+      ReleaseLease(member, head.lease_id(), deadline);  // the server may never have seen the request
     }
     return true;
   }
