@@ -8,6 +8,7 @@ find_package(ucx CONFIG REQUIRED)
 find_package(yaml-cpp CONFIG REQUIRED)
 find_package(prometheus-cpp CONFIG REQUIRED)
 find_package(CLI11 CONFIG REQUIRED)
+find_package(spdlog CONFIG REQUIRED)     # logging (kvtier/common/log.h), with Debian's fmt
 find_package(nlohmann_json CONFIG REQUIRED)
 find_package(OpenSSL REQUIRED)            # SHA-256 for fingerprints and ring positions
 find_package(PkgConfig REQUIRED)

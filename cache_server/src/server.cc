@@ -18,11 +18,12 @@
 #include "events/event_publisher.h"
 #include "events/event_service.h"
 #include "grpc/health/v1/health.grpc.pb.h"
-#include "kvtier/v1/cache.pb.h"
+#include "kvtier/common/log.h"
+#include "kvtier/nccl/nccl_service.h"
 #include "kvtier/server/block_store.h"
+#include "kvtier/v1/cache.pb.h"
 #include "kvtier/wire/wire.h"
 #include "server_metrics.h"
-#include "kvtier/nccl/nccl_service.h"
 #include "transport/hbm_block_source.h"
 #include "transport/ucx_server.h"
 
@@ -109,9 +110,9 @@ struct Server::Impl {
   std::unique_ptr<nccl::NcclService> nccl_service;  // outlives grpc_server (declared before it)
   std::unique_ptr<grpc::Server> grpc_server;
   std::unique_ptr<PlainHealthService> plain_health;  // outlives health_server
-  std::unique_ptr<grpc::Server> health_server;  // plain grpc.health.v1 on health_address; null without it
+  std::unique_ptr<grpc::Server> health_server;       // plain grpc.health.v1 on health_address; null without it
   std::unique_ptr<prometheus::Exposer> exposer;
-  std::unique_ptr<UcxServer> ucx;  // null without ucx_listen_address; destroyed before the store
+  std::unique_ptr<UcxServer> ucx;          // null without ucx_listen_address; destroyed before the store
   std::unique_ptr<EventPublisher> events;  // null unless events_enabled; detached and destroyed before the store
   std::unique_ptr<EventServiceImpl> event_service;
   std::shared_ptr<prometheus::Collectable> event_metrics;  // the exposer holds it weakly
@@ -162,24 +163,22 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   // share of the tier (docs/architecture.md "Size classes").
   if (const uint64_t slabs = (options.host_cache_bytes + options.slab_bytes - 1) / options.slab_bytes;
       slabs < kFewSlabs) {
-    std::fprintf(stderr,
-                 "kvtier-server: warning: host_tier.slab_bytes %llu cuts host_tier.capacity_bytes %llu into %llu "
-                 "slab(s), and the first block of each new size may evict a whole slab (1/%llu of the tier); lower "
-                 "host_tier.slab_bytes (and limits.max_block_bytes) to have at least %llu\n",
-                 static_cast<unsigned long long>(options.slab_bytes),
-                 static_cast<unsigned long long>(options.host_cache_bytes), static_cast<unsigned long long>(slabs),
-                 static_cast<unsigned long long>(slabs), static_cast<unsigned long long>(kFewSlabs));
+    KVTIER_LOG(warn,
+               "kvtier-server: warning: host_tier.slab_bytes {} cuts host_tier.capacity_bytes {} into {} slab(s), "
+               "and the first block of each new size may evict a whole slab (1/{} of the tier); lower "
+               "host_tier.slab_bytes (and limits.max_block_bytes) to have at least {}",
+               options.slab_bytes, options.host_cache_bytes, slabs, slabs, kFewSlabs);
   }
   // The HBM tier, when asked for and a CUDA device is usable; without one the server runs without it.
   std::shared_ptr<DeviceTierMemory> hbm;
   if (options.hbm_memory_ratio > 0) {
-    auto memory = NewCudaDeviceTierMemory(static_cast<int>(options.hbm_device), options.hbm_memory_ratio,
-                                          options.hbm_max_bytes);
+    auto memory =
+        NewCudaDeviceTierMemory(static_cast<int>(options.hbm_device), options.hbm_memory_ratio, options.hbm_max_bytes);
     if (memory.ok()) {
       hbm = std::move(memory).value();
-      std::fprintf(stderr, "kvtier-server: HBM tier on %s\n", hbm->Describe().c_str());
+      KVTIER_LOG(info, "kvtier-server: HBM tier on {}", hbm->Describe());
     } else if (memory.status().code() == absl::StatusCode::kFailedPrecondition) {
-      std::fprintf(stderr, "kvtier-server: no HBM tier: %s\n", std::string(memory.status().message()).c_str());
+      KVTIER_LOG(info, "kvtier-server: no HBM tier: {}", std::string(memory.status().message()));
     } else {
       return memory.status();
     }
@@ -209,8 +208,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
     if (pinned.ok()) {
       impl->pinned_host = std::move(pinned).value();
     } else {
-      std::fprintf(stderr, "kvtier-server: host tier not page-locked: %s\n",
-                   std::string(pinned.status().message()).c_str());
+      KVTIER_LOG(warn, "kvtier-server: host tier not page-locked: {}", std::string(pinned.status().message()));
     }
   }
   impl->metrics = std::make_unique<ServerMetrics>(*impl->store, options.node_id);
@@ -219,10 +217,10 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   impl->auth = std::move(auth).value();
   auto credentials = ListenCredentials(impl->options);
   if (!credentials.ok()) return credentials.status();
-  impl->cache_service = std::make_unique<CacheServiceImpl>(impl->options, *impl->store, *impl->metrics,
-                                                           impl->namespaces, *impl->auth);
-  impl->admin_service = std::make_unique<AdminServiceImpl>(impl->options, *impl->store, *impl->metrics,
-                                                           impl->namespaces, *impl->auth);
+  impl->cache_service =
+      std::make_unique<CacheServiceImpl>(impl->options, *impl->store, *impl->metrics, impl->namespaces, *impl->auth);
+  impl->admin_service =
+      std::make_unique<AdminServiceImpl>(impl->options, *impl->store, *impl->metrics, impl->namespaces, *impl->auth);
 
   // The UCX listener first, so that GetInfo advertises it from the first RPC on.
   if (!options.ucx_listen_address.empty()) {
@@ -251,13 +249,13 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   // KV events: the first event is AllBlocksCleared, then a BlockStored per block recovered from disk, so
   // subscribers drop whatever they knew of this node's previous instance.
   if (options.events_enabled) {
-    auto events = EventPublisher::Start(
-        {.node_id = options.node_id,
-         .pub_endpoint = options.events_pub_endpoint,
-         .replay_buffer_events = options.events_replay_buffer_events,
-         .max_batch_events = options.events_max_batch_events,
-         .heartbeat_interval = options.events_heartbeat_interval,
-         .namespace_names = [p = impl.get()](uint64_t id) { return p->namespaces.Find(id); }});
+    auto events =
+        EventPublisher::Start({.node_id = options.node_id,
+                               .pub_endpoint = options.events_pub_endpoint,
+                               .replay_buffer_events = options.events_replay_buffer_events,
+                               .max_batch_events = options.events_max_batch_events,
+                               .heartbeat_interval = options.events_heartbeat_interval,
+                               .namespace_names = [p = impl.get()](uint64_t id) { return p->namespaces.Find(id); }});
     if (!events.ok()) return events.status();
     impl->events = std::move(events).value();
     impl->store->SetEventSink(impl->events.get());
@@ -327,8 +325,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   if (!options.port_file.empty()) {
     // A fourth number, the health port, only with health_address (readers of three numbers stay valid).
     const std::string health = options.health_address.empty() ? "" : absl::StrCat(" ", server->health_port());
-    absl::Status s = WriteFileAtomically(options.port_file, absl::StrCat(server->grpc_port(), " ", server->metrics_port(),
-                                                                         " ", server->ucx_port(), health, "\n"));
+    absl::Status s = WriteFileAtomically(
+        options.port_file,
+        absl::StrCat(server->grpc_port(), " ", server->metrics_port(), " ", server->ucx_port(), health, "\n"));
     if (!s.ok()) return s;  // ~Server shuts down
   }
   return server;

@@ -8,6 +8,8 @@
 #include <cstring>
 #include <mutex>
 
+#include "kvtier/common/log.h"
+
 namespace kvtier::wire::ucx {
 namespace {
 
@@ -25,8 +27,7 @@ ucs_log_func_rc_t OnUcxLog(const char* file, unsigned /*line*/, const char* /*fu
     va_copy(copy, ap);
     std::vsnprintf(text, sizeof(text), message, copy);
     va_end(copy);
-    std::fprintf(stderr, "kvtier: UCX single-copy transfer with a process on this node failed (it went away?): %s\n",
-                 text);
+    KVTIER_LOG(warn, "kvtier: UCX single-copy transfer with a process on this node failed (it went away?): {}", text);
   }
   return UCS_LOG_FUNC_RC_STOP;
 }

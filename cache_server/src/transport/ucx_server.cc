@@ -19,6 +19,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "kvtier/common/checksum.h"
+#include "kvtier/common/log.h"
 #include "kvtier/server/block_store.h"
 #include "kvtier/wire/ucx_log.h"
 #include "kvtier/wire/ucx_messages.h"
@@ -36,13 +37,12 @@ constexpr ucp_tag_t kFullMask = ~ucp_tag_t{0};
 constexpr uint64_t kSendWindowBytes = 8ULL << 20;
 constexpr absl::Duration kSweepInterval = absl::Milliseconds(100);
 constexpr absl::Duration kShutdownDrain = absl::Seconds(2);
-constexpr int kIdleSpins = 256;   // progress calls with nothing done before the thread sleeps in poll()
+constexpr int kIdleSpins = 256;  // progress calls with nothing done before the thread sleeps in poll()
 
 absl::StatusOr<sockaddr_storage> ResolveIpv4(const std::string& host_port) {
   const size_t colon = host_port.rfind(':');
   int port = 0;
-  if (colon == std::string::npos || !absl::SimpleAtoi(host_port.substr(colon + 1), &port) || port < 0 ||
-      port > 65535) {
+  if (colon == std::string::npos || !absl::SimpleAtoi(host_port.substr(colon + 1), &port) || port < 0 || port > 65535) {
     return absl::InvalidArgumentError(absl::StrCat("ucx.listen_address: \"", host_port, "\" is not host:port"));
   }
   std::string host = host_port.substr(0, colon);
@@ -71,7 +71,7 @@ struct UcxServer::Impl {
     uint64_t request_id = 0;
     uint64_t id = 0;  // lease id (get) or reservation id (put)
     uint32_t flags = 0;
-    EpId ep = 0;      // the client's endpoint
+    EpId ep = 0;              // the client's endpoint
     std::vector<uint8_t> ok;  // per entry
     size_t remaining = 0;     // entries not completed
     // Get only: the blocks to send, the client's first tag, and the send window's state.
@@ -84,13 +84,13 @@ struct UcxServer::Impl {
   struct Op {
     Impl* impl = nullptr;
     Batch* batch = nullptr;
-    uint32_t slot = 0;      // entry of the batch
-    uint32_t index = 0;     // block index in the lease or reservation
-    bool pinned = false;    // false: an empty send / a draining receive (nothing to unpin)
+    uint32_t slot = 0;    // entry of the batch
+    uint32_t index = 0;   // block index in the lease or reservation
+    bool pinned = false;  // false: an empty send / a draining receive (nothing to unpin)
     uint64_t size = 0;
     const std::byte* data = nullptr;  // the pinned slot (receives)
     void* request = nullptr;
-    EpId ep = 0;            // the endpoint it runs on (receives: the batch's client)
+    EpId ep = 0;  // the endpoint it runs on (receives: the batch's client)
     absl::Time start;
     absl::Time closed = absl::InfiniteFuture();  // when its endpoint was force-closed
     bool cancel_requested = false;
@@ -120,9 +120,9 @@ struct UcxServer::Impl {
   absl::flat_hash_map<ucp_ep_h, EpId> ep_ids;
   EpId next_ep = 1;
   absl::flat_hash_set<Op*> inflight;
-  absl::flat_hash_set<Op*> abandoned;  // freed when UCX completes them, or at Destroy
-  std::vector<void*> closing;          // ucp_ep_close_nbx requests not yet complete
-  std::vector<EpId> to_close;          // endpoints reported failed by UCX
+  absl::flat_hash_set<Op*> abandoned;                  // freed when UCX completes them, or at Destroy
+  std::vector<void*> closing;                          // ucp_ep_close_nbx requests not yet complete
+  std::vector<EpId> to_close;                          // endpoints reported failed by UCX
   std::vector<std::pair<Op*, ucs_status_t>> deferred;  // completed when posted; see Track
   absl::Time next_sweep;
 
@@ -172,15 +172,15 @@ struct UcxServer::Impl {
     mp.address = region;
     mp.length = region_bytes;
     if ((st = ucp_mem_map(context, &mp, &memh)) != UCS_OK) {
-      std::fprintf(stderr, "kvtier-server: ucp_mem_map of the host tier failed (%s); registering per transfer\n",
-                   ucs_status_string(st));
+      KVTIER_LOG(warn, "kvtier-server: ucp_mem_map of the host tier failed ({}); registering per transfer",
+                 ucs_status_string(st));
       memh = nullptr;
     }
 
     auto set_handler = [&](uint16_t id, ucp_am_recv_callback_t cb) {
       ucp_am_handler_param_t hp{};
-      hp.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
-                      UCP_AM_HANDLER_PARAM_FIELD_ARG | UCP_AM_HANDLER_PARAM_FIELD_FLAGS;
+      hp.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG |
+                      UCP_AM_HANDLER_PARAM_FIELD_FLAGS;
       hp.id = id;
       hp.cb = cb;
       hp.arg = this;
@@ -255,7 +255,8 @@ struct UcxServer::Impl {
       if (++idle < kIdleSpins) continue;
       idle = 0;
       if (ucp_worker_arm(worker) == UCS_ERR_BUSY) continue;
-      pollfd fds[2] = {{.fd = worker_fd, .events = POLLIN, .revents = 0}, {.fd = wake_fd, .events = POLLIN, .revents = 0}};
+      pollfd fds[2] = {{.fd = worker_fd, .events = POLLIN, .revents = 0},
+                       {.fd = wake_fd, .events = POLLIN, .revents = 0}};
       poll(fds, 2, static_cast<int>(absl::ToInt64Milliseconds(kSweepInterval)));
       uint64_t drained;
       if (fds[1].revents != 0) (void)!read(wake_fd, &drained, sizeof(drained));
@@ -279,7 +280,7 @@ struct UcxServer::Impl {
     for (void* r : closing) ucp_request_free(r);
     closing.clear();
     if (!inflight.empty()) {
-      std::fprintf(stderr, "kvtier-server: %zu UCX transfers did not finish at shutdown\n", inflight.size());
+      KVTIER_LOG(warn, "kvtier-server: {} UCX transfers did not finish at shutdown", inflight.size());
     }
   }
 
@@ -324,8 +325,7 @@ struct UcxServer::Impl {
     }
     for (EpId id : close) CloseEp(id);
     if (given_up > 0) {
-      std::fprintf(stderr, "kvtier-server: gave up on %llu UCX transfers of closed endpoints\n",
-                   static_cast<unsigned long long>(given_up));
+      KVTIER_LOG(warn, "kvtier-server: gave up on {} UCX transfers of closed endpoints", given_up);
     }
   }
 
@@ -364,8 +364,8 @@ struct UcxServer::Impl {
   static void OnConnRequest(ucp_conn_request_h conn_request, void* arg) {
     auto* self = static_cast<Impl*>(arg);
     ucp_ep_params_t ep{};
-    ep.field_mask = UCP_EP_PARAM_FIELD_CONN_REQUEST | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
-                    UCP_EP_PARAM_FIELD_ERR_HANDLER;
+    ep.field_mask =
+        UCP_EP_PARAM_FIELD_CONN_REQUEST | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
     ep.conn_request = conn_request;
     // NONE keeps shared memory's single-copy path (see the class comment). It must match the client's:
     // a server endpoint in PEER mode does not connect to a client in NONE mode.
@@ -407,7 +407,9 @@ struct UcxServer::Impl {
     if (ep == 0) return UCS_OK;
     auto hello = msg::DecodeHello({static_cast<const std::byte*>(data), length});
     if (!hello.has_value()) return UCS_OK;
-    msg::HelloReply reply{.version = msg::kProtocolVersion, .nonce = hello->nonce, .node_id = self->options.node_id,
+    msg::HelloReply reply{.version = msg::kProtocolVersion,
+                          .nonce = hello->nonce,
+                          .node_id = self->options.node_id,
                           .flags = self->options.lease ? msg::kTakesLeases : 0u};
     self->SendAm(ep, msg::kHelloReply, msg::Encode(reply));
     return UCS_OK;
@@ -498,9 +500,15 @@ struct UcxServer::Impl {
   }
 
   void StartGet(EpId ep, const msg::GetRequest& req) {
-    auto* batch = new Batch{.is_put = false, .request_id = req.request_id, .id = req.lease_id, .flags = req.flags,
-                            .ep = ep, .ok = std::vector<uint8_t>(req.indices.size(), 0),
-                            .remaining = req.indices.size(), .indices = req.indices, .tag_base = req.tag_base};
+    auto* batch = new Batch{.is_put = false,
+                            .request_id = req.request_id,
+                            .id = req.lease_id,
+                            .flags = req.flags,
+                            .ep = ep,
+                            .ok = std::vector<uint8_t>(req.indices.size(), 0),
+                            .remaining = req.indices.size(),
+                            .indices = req.indices,
+                            .tag_base = req.tag_base};
     // A window of sends: with every block's rendezvous in flight at once, UCX interleaves their
     // fragments and every block lands at the end; a window makes blocks land one after another, so the
     // client verifies each while the next moves (and while it is still in cache).
@@ -512,8 +520,8 @@ struct UcxServer::Impl {
   void PostNextSend(Batch* batch) {
     static const std::byte kEmpty{};
     const uint32_t j = static_cast<uint32_t>(batch->next++);
-    auto* op = new Op{.impl = this, .batch = batch, .slot = j, .index = batch->indices[j], .ep = batch->ep,
-                      .start = absl::Now()};
+    auto* op = new Op{
+        .impl = this, .batch = batch, .slot = j, .index = batch->indices[j], .ep = batch->ep, .start = absl::Now()};
     const std::byte* data = &kEmpty;
     auto pinned = store->PinForSend(batch->id, op->index);
     if (pinned.ok()) {
@@ -537,8 +545,12 @@ struct UcxServer::Impl {
   }
 
   void StartPut(EpId ep, const msg::PutRequest& req) {
-    auto* batch = new Batch{.is_put = true, .request_id = req.request_id, .id = req.reservation_id, .ep = ep,
-                            .ok = std::vector<uint8_t>(req.indices.size(), 0), .remaining = req.indices.size()};
+    auto* batch = new Batch{.is_put = true,
+                            .request_id = req.request_id,
+                            .id = req.reservation_id,
+                            .ep = ep,
+                            .ok = std::vector<uint8_t>(req.indices.size(), 0),
+                            .remaining = req.indices.size()};
     if (req.indices.empty()) {
       FinishBatch(batch);
       return;
