@@ -126,7 +126,8 @@ int RunLs(const CtlOptions& options, const LsOptions& ls) {
     }
     Json errors = Json::array();
     for (size_t i = 0; i < failures.size(); ++i) {
-      if (!failures[i].ok()) errors.push_back({{"address", endpoints[i].address}, {"error", DescribeFailure(failures[i])}});
+      if (!failures[i].ok())
+        errors.push_back({{"address", endpoints[i].address}, {"error", DescribeFailure(failures[i])}});
     }
     std::cout << DumpJson({{"blocks", blocks},
                            {"count", rows.size()},
@@ -243,12 +244,14 @@ int RunInspect(const CtlOptions& options, const InspectOptions& inspect) {
       std::cout << "held by " << absl::StrJoin(names, ", ") << "\n";
       for (size_t i : holders) {
         if (!owner || *owner != i) {
-          std::cout << view.Name(i) << " is not the owner: clients do not ask it for this block (membership changed?)\n";
+          std::cout << view.Name(i)
+                    << " is not the owner: clients do not ask it for this block (membership changed?)\n";
         }
       }
     }
     for (size_t i = 0; i < calls.size(); ++i) {
-      if (!calls[i]->status.ok()) std::cout << endpoints[i].address << ": " << DescribeFailure(calls[i]->status) << "\n";
+      if (!calls[i]->status.ok())
+        std::cout << endpoints[i].address << ": " << DescribeFailure(calls[i]->status) << "\n";
     }
   }
   return std::max(ExitForFailures(failures), holders.empty() ? kExitFailure : kExitOk);

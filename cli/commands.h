@@ -56,16 +56,16 @@ int RunInspect(const CtlOptions& options, const InspectOptions& inspect);
 
 // lookup: how many leading blocks of a prompt the cluster holds, on which nodes and tiers.
 struct LookupOptions {
-  Namespace ns;                  // with tenant_salt when the tenant has one
-  std::vector<uint32_t> tokens;  // the prompt (a partial last block is not looked up)
+  Namespace ns;                          // with tenant_salt when the tenant has one
+  std::vector<uint32_t> tokens;          // the prompt (a partial last block is not looked up)
   std::optional<uint32_t> input_length;  // from a trace line: tokens the request really had
-  bool per_block = false;        // tables: one row per block too
+  bool per_block = false;                // tables: one row per block too
 };
 int RunLookup(const CtlOptions& options, const LookupOptions& lookup);
 
 // evict: one block (on every member, or the selected ones) or the blocks matching a filter.
 struct EvictOptions {
-  std::string fingerprint_hex;     // set: this block only (with shard); the filter must be empty
+  std::string fingerprint_hex;  // set: this block only (with shard); the filter must be empty
   uint32_t shard = 0;
   FilterOptions filter;
   bool all = false;                // required with an empty filter and no fingerprint
@@ -77,19 +77,19 @@ int RunEvict(const CtlOptions& options, const EvictOptions& evict);
 // without it. Blocks are read and written with the client library, which needs each block's full
 // namespace: only blocks of the `namespaces` given are handed off; the others are counted as skipped.
 struct DrainOptions {
-  std::string node;                   // node id or address
-  bool undo = false;                  // resume taking blocks; nothing is handed off
-  uint32_t hand_off = 1000;           // at most this many blocks, by access count; 0 = none
-  std::vector<Namespace> namespaces;  // whose blocks may be handed off
+  std::string node;                     // node id or address
+  bool undo = false;                    // resume taking blocks; nothing is handed off
+  uint32_t hand_off = 1000;             // at most this many blocks, by access count; 0 = none
+  std::vector<Namespace> namespaces;    // whose blocks may be handed off
   uint64_t batch_bytes = 256ULL << 20;  // bytes read and written per batch (memory of kvtierctl)
 };
 int RunDrain(const CtlOptions& options, const DrainOptions& drain);
 
 // verify: checksum scrub of every block of the selected members, in parallel, with progress.
 struct VerifyOptions {
-  std::vector<std::string> nodes;                 // empty = every member
-  absl::Duration deadline = absl::Hours(1);       // of each member's Verify stream
-  bool progress = true;                           // on stderr: a bar on a terminal, else plain lines
+  std::vector<std::string> nodes;            // empty = every member
+  absl::Duration deadline = absl::Hours(1);  // of each member's Verify stream
+  bool progress = true;                      // on stderr: a bar on a terminal, else plain lines
 };
 int RunVerify(const CtlOptions& options, const VerifyOptions& verify);
 

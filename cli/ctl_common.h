@@ -42,13 +42,13 @@ constexpr int kExitCorrupt = 4;      // verify: some block failed its checksum
 
 // Options every command takes (before or after the subcommand).
 struct CtlOptions {
-  std::vector<std::string> members;                        // host:port, in the order given; required
+  std::vector<std::string> members;  // host:port, in the order given; required
   // Node ids given as node_id=host:port, by address: such a member is on the ring under that id (as a
   // client places it) whether or not it answers. The others are placed by the id they report.
   absl::flat_hash_map<std::string, std::string> node_ids;
-  absl::Duration rpc_timeout = absl::Milliseconds(2000);   // deadline of every unary RPC
-  bool json = false;                                       // one JSON object on stdout instead of tables
-  uint32_t virtual_nodes = HashRing::kDefaultVirtualNodes; // ring points per member, as the client's default
+  absl::Duration rpc_timeout = absl::Milliseconds(2000);    // deadline of every unary RPC
+  bool json = false;                                        // one JSON object on stdout instead of tables
+  uint32_t virtual_nodes = HashRing::kDefaultVirtualNodes;  // ring points per member, as the client's default
   // TLS, mutual TLS and the bearer token (--tls-ca-file, --tls-cert-file, --tls-key-file,
   // --tls-server-name, --token / $KVTIER_TOKEN); off by default.
   wire::ChannelSecurity security;
@@ -114,8 +114,7 @@ Calls<Req, Resp> RunCalls(size_t n, absl::Duration timeout, PrepareFn prepare, S
 template <typename Req, typename Resp, typename StartFn>
 Calls<Req, Resp> CallEach(const std::vector<Endpoint>& endpoints, absl::Duration timeout, StartFn start) {
   return RunCalls<Req, Resp>(
-      endpoints.size(), timeout, [&](size_t i, Call<Req, Resp>*) -> const Endpoint& { return endpoints[i]; },
-      start);
+      endpoints.size(), timeout, [&](size_t i, Call<Req, Resp>*) -> const Endpoint& { return endpoints[i]; }, start);
 }
 
 bool IsUnreachable(const grpc::Status& s);

@@ -24,14 +24,14 @@ namespace kvtier::cli {
 namespace {
 
 struct HandOff {
-  uint64_t listed = 0;            // blocks the node held
-  uint64_t chosen = 0;            // the hottest min(listed, --hand-off)
-  uint64_t moved = 0;             // stored on their new owner
-  uint64_t already_present = 0;   // the new owner had them (or was storing them)
-  uint64_t no_space = 0;          // the new owner refused them (full or draining)
-  uint64_t put_errors = 0;        // the new owner failed or was unreachable
-  uint64_t gone = 0;              // evicted from the draining node since it was listed
-  uint64_t read_errors = 0;       // reading from the draining node failed, or the bytes failed their checksum
+  uint64_t listed = 0;                // blocks the node held
+  uint64_t chosen = 0;                // the hottest min(listed, --hand-off)
+  uint64_t moved = 0;                 // stored on their new owner
+  uint64_t already_present = 0;       // the new owner had them (or was storing them)
+  uint64_t no_space = 0;              // the new owner refused them (full or draining)
+  uint64_t put_errors = 0;            // the new owner failed or was unreachable
+  uint64_t gone = 0;                  // evicted from the draining node since it was listed
+  uint64_t read_errors = 0;           // reading from the draining node failed, or the bytes failed their checksum
   uint64_t skipped_no_namespace = 0;  // no namespace given for them: their bytes cannot be read
   std::map<uint64_t, std::pair<std::string, uint64_t>> skipped_namespaces;  // id -> (tenant/model, blocks)
   std::vector<std::string> notes;
@@ -96,7 +96,8 @@ std::vector<std::vector<v1::BlockRecord>> DepthRuns(std::vector<v1::BlockRecord>
 void MoveBlocks(client::Client& source, client::Client& dest, const Namespace& ns, uint32_t shard,
                 std::vector<v1::BlockRecord> blocks, uint64_t batch_bytes, HandOff& h) {
   const uint64_t block_bytes = ns.layout.ShardBytes();
-  const size_t max_blocks = static_cast<size_t>(std::max<uint64_t>(1, batch_bytes / std::max<uint64_t>(1, block_bytes)));
+  const size_t max_blocks =
+      static_cast<size_t>(std::max<uint64_t>(1, batch_bytes / std::max<uint64_t>(1, block_bytes)));
   for (const std::vector<v1::BlockRecord>& run : DepthRuns(std::move(blocks), max_blocks)) {
     std::vector<Fingerprint> fps(run.size());
     for (size_t i = 0; i < run.size(); ++i) {
@@ -130,11 +131,19 @@ void MoveBlocks(client::Client& source, client::Client& dest, const Namespace& n
       } else {
         for (client::PutResult p : *put) {
           switch (p) {
-            case client::PutResult::kStored: ++h.moved; break;
+            case client::PutResult::kStored:
+              ++h.moved;
+              break;
             case client::PutResult::kAlreadyPresent:
-            case client::PutResult::kInProgress: ++h.already_present; break;
-            case client::PutResult::kNoSpace: ++h.no_space; break;
-            case client::PutResult::kError: ++h.put_errors; break;
+            case client::PutResult::kInProgress:
+              ++h.already_present;
+              break;
+            case client::PutResult::kNoSpace:
+              ++h.no_space;
+              break;
+            case client::PutResult::kError:
+              ++h.put_errors;
+              break;
           }
         }
       }
@@ -147,7 +156,8 @@ void MoveBlocks(client::Client& source, client::Client& dest, const Namespace& n
 
 int RunDrain(const CtlOptions& options, const DrainOptions& drain) {
   std::vector<std::string> members = options.members;
-  if (std::find(members.begin(), members.end(), drain.node) == members.end() && drain.node.find(':') != std::string::npos) {
+  if (std::find(members.begin(), members.end(), drain.node) == members.end() &&
+      drain.node.find(':') != std::string::npos) {
     members.push_back(drain.node);  // an address not in --members: ask it too
   }
   const std::vector<Endpoint> endpoints = Connect(members, options);

@@ -106,11 +106,12 @@ int RunGroups(const CtlOptions& options, const GroupsOptions& groups) {
                     RatioText(g.would_be_hit_ratio()), absl::StrCat(g.members)});
     }
     table.Print(std::cout);
-    std::cout << "\n" << top.size() << " of " << total_groups << " groups; " << untracked
-              << " lookups without a group key\n";
+    std::cout << "\n"
+              << top.size() << " of " << total_groups << " groups; " << untracked << " lookups without a group key\n";
     std::cout << "cluster: " << answered << "/" << endpoints.size() << " members answered\n";
     for (size_t i = 0; i < endpoints.size(); ++i) {
-      if (!calls[i]->status.ok()) std::cout << endpoints[i].address << ": " << DescribeFailure(calls[i]->status) << "\n";
+      if (!calls[i]->status.ok())
+        std::cout << endpoints[i].address << ": " << DescribeFailure(calls[i]->status) << "\n";
     }
   }
   return answered == endpoints.size() ? kExitOk : kExitUnreachable;

@@ -1,5 +1,6 @@
 // kvtierctl: the kvtier admin CLI (docs/kvtierctl.md).
-//   kvtierctl --members [node_id=]host:port,... status | stats | groups | ls | inspect | lookup | evict | drain | verify [--json]
+//   kvtierctl --members [node_id=]host:port,... status | stats | groups | ls | inspect | lookup | evict | drain |
+//   verify [--json]
 // main() is the only code that reads argv, files named by flags, or the environment (KVTIER_MEMBERS,
 // KVTIER_TENANT_SALT); the commands (commands.h) take option structs. Every member is asked in parallel
 // under one deadline, so a dead member costs at most --timeout-ms, and the report is printed with
@@ -126,17 +127,17 @@ absl::StatusOr<std::vector<uint32_t>> TraceLineTokens(const std::string& line, u
   if (j.contains("input_length") && !j["input_length"].is_null()) {
     const nlohmann::json& n = j["input_length"];
     if (!n.is_number_unsigned() || n.get<uint64_t>() > std::numeric_limits<uint32_t>::max()) {
-      return absl::InvalidArgumentError(absl::StrCat("--trace-line: \"input_length\" is ", n.dump(),
-                                                     ", not an integer in [0, 4294967295]"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("--trace-line: \"input_length\" is ", n.dump(), ", not an integer in [0, 4294967295]"));
     }
     *input_length = n.get<uint32_t>();
   }
   // hash_ids x block_tokens tokens are made; both come from the user, so bound the product first.
   const uint64_t num_ids = j["hash_ids"].size();
   if (block_tokens > 0 && num_ids > kMaxPromptTokens / block_tokens) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--trace-line: ", num_ids, " hash_ids of ", block_tokens, " tokens (--block-tokens) are more than ",
-                     kMaxPromptTokens, " tokens, the longest prompt lookup takes"));
+    return absl::InvalidArgumentError(absl::StrCat("--trace-line: ", num_ids, " hash_ids of ", block_tokens,
+                                                   " tokens (--block-tokens) are more than ", kMaxPromptTokens,
+                                                   " tokens, the longest prompt lookup takes"));
   }
   std::vector<uint32_t> tokens(num_ids * block_tokens);
   for (size_t i = 0; i < j["hash_ids"].size(); ++i) {
@@ -217,7 +218,8 @@ int main(int argc, char** argv) {
   bool json = false;
   app.add_flag("--json", json, "Print one JSON object instead of tables");
   kvtier::wire::ChannelSecurity security;
-  app.add_option("--tls-ca-file", security.ca_file, "PEM CA of the servers' certificates: talk TLS (default: plaintext)")
+  app.add_option("--tls-ca-file", security.ca_file,
+                 "PEM CA of the servers' certificates: talk TLS (default: plaintext)")
       ->envname("KVTIER_TLS_CA_FILE")
       ->type_name("FILE");
   app.add_option("--tls-cert-file", security.cert_file, "PEM client certificate for mutual TLS (with --tls-key-file)")
@@ -243,8 +245,9 @@ int main(int argc, char** argv) {
   CLI::App* stats = app.add_subcommand(
       "stats", "Lookup, read, write, eviction, rejection and lease counters of each member, with cluster totals");
   double interval_s = 0;
-  stats->add_option("--interval-s", interval_s,
-                    "Take two snapshots this many seconds apart and also print per-second rates")
+  stats
+      ->add_option("--interval-s", interval_s,
+                   "Take two snapshots this many seconds apart and also print per-second rates")
       ->check(SecondsRange(0.001, 86400.0));
 
   // groups
@@ -254,7 +257,8 @@ int main(int argc, char** argv) {
   groups->add_option("--limit", groups_options.limit, "Groups shown (0 = all)")->capture_default_str();
 
   // ls
-  CLI::App* ls = app.add_subcommand("ls", "Blocks of the members (or of --node), by namespace, tenant or tier, in pages");
+  CLI::App* ls =
+      app.add_subcommand("ls", "Blocks of the members (or of --node), by namespace, tenant or tier, in pages");
   FilterFlags ls_filter;
   ls_filter.Register(ls);
   LsOptions ls_options;
@@ -263,20 +267,22 @@ int main(int argc, char** argv) {
   ls->add_option("--cursor", ls_options.cursor, "Continue from the next_cursor of the previous page");
 
   // inspect
-  CLI::App* inspect = app.add_subcommand("inspect", "One block: its owner by the ring and what every member holding it reports");
+  CLI::App* inspect =
+      app.add_subcommand("inspect", "One block: its owner by the ring and what every member holding it reports");
   InspectOptions inspect_options;
   inspect->add_option("fingerprint", inspect_options.fingerprint_hex, "The block's fingerprint (64 hex digits)")
       ->required();
   inspect->add_option("--shard", inspect_options.shard, "TP shard")->capture_default_str();
 
   // lookup
-  CLI::App* lookup = app.add_subcommand(
-      "lookup", "How many leading blocks of a prompt the cluster holds, on which nodes and tiers");
+  CLI::App* lookup =
+      app.add_subcommand("lookup", "How many leading blocks of a prompt the cluster holds, on which nodes and tiers");
   NamespaceFlags lookup_ns;
   lookup_ns.Register(lookup, /*with_salt=*/true);
   std::string tokens_file, trace_line;
   bool per_block = false;
-  auto* tokens_opt = lookup->add_option("--tokens-file", tokens_file, "The prompt: whitespace-separated uint32 token ids ('-' = stdin)");
+  auto* tokens_opt = lookup->add_option("--tokens-file", tokens_file,
+                                        "The prompt: whitespace-separated uint32 token ids ('-' = stdin)");
   auto* trace_opt = lookup->add_option(
       "--trace-line", trace_line,
       "The prompt of one Mooncake trace request (JSON with hash_ids), made as bench/trace_replay makes it");
@@ -292,7 +298,10 @@ int main(int argc, char** argv) {
   auto* shard_opt = evict->add_option("--shard", evict_options.shard, "TP shard of --fingerprint (default 0)");
   auto* all_opt = evict->add_flag("--all", evict_options.all, "Every block (needed when no filter is given)");
   evict->add_option("--node", evict_options.nodes, "Only on this member (node id or address); may be repeated");
-  fp_opt->excludes(evict_filter.tenant_opt)->excludes(evict_filter.namespace_opt)->excludes(evict_filter.tier_opt)->excludes(all_opt);
+  fp_opt->excludes(evict_filter.tenant_opt)
+      ->excludes(evict_filter.namespace_opt)
+      ->excludes(evict_filter.tier_opt)
+      ->excludes(all_opt);
   all_opt->excludes(evict_filter.tenant_opt)->excludes(evict_filter.namespace_opt)->excludes(evict_filter.tier_opt);
   shard_opt->needs(fp_opt);
 

@@ -31,7 +31,7 @@ struct ShardResult {
 
 struct BlockResult {
   Fingerprint fp;
-  std::optional<size_t> owner;     // member index
+  std::optional<size_t> owner;  // member index
   std::vector<ShardResult> shards;
   bool present() const {
     return std::all_of(shards.begin(), shards.end(), [](const ShardResult& s) { return s.status.ok() && s.found; });
@@ -42,7 +42,8 @@ struct BlockResult {
   std::string Tiers() const {  // "host", or "host+disk" when its shards are on both
     std::vector<std::string> tiers;
     for (const ShardResult& s : shards) {
-      if (s.found && std::find(tiers.begin(), tiers.end(), s.block.tier()) == tiers.end()) tiers.push_back(s.block.tier());
+      if (s.found && std::find(tiers.begin(), tiers.end(), s.block.tier()) == tiers.end())
+        tiers.push_back(s.block.tier());
     }
     return tiers.empty() ? "-" : absl::StrJoin(tiers, "+");
   }
@@ -160,7 +161,8 @@ int RunLookup(const CtlOptions& options, const LookupOptions& lookup) {
 
   if (options.json) {
     Json nodes = Json::array();
-    for (const auto& [key, count] : by_node) nodes.push_back({{"node_id", key.first}, {"tier", key.second}, {"blocks", count}});
+    for (const auto& [key, count] : by_node)
+      nodes.push_back({{"node_id", key.first}, {"tier", key.second}, {"blocks", count}});
     Json detail = Json::array();
     for (size_t i = 0; i < blocks.size(); ++i) {
       const BlockResult& b = blocks[i];
@@ -185,7 +187,8 @@ int RunLookup(const CtlOptions& options, const LookupOptions& lookup) {
     for (size_t m : failed_members) {
       errors.push_back({{"address", endpoints[m].address}, {"error", DescribeFailure(first_failure(m))}});
     }
-    for (size_t m : view.unplaced()) errors.push_back({{"address", endpoints[m].address}, {"error", Unplaced(view, m)}});
+    for (size_t m : view.unplaced())
+      errors.push_back({{"address", endpoints[m].address}, {"error", Unplaced(view, m)}});
     std::cout << DumpJson({{"namespace", NamespaceJson(ns)},
                            {"prompt_tokens", prompt_tokens},
                            {"blocks", blocks.size()},

@@ -6,8 +6,8 @@
 #include <sstream>
 #include <utility>
 
-#include "absl/strings/str_cat.h"
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "replayer.h"
 
 namespace kvtier::cli {
@@ -17,13 +17,17 @@ namespace {
 // Namespace::Validate()'s error with the flag named instead of the struct field: the message starts
 // with "namespace.tenant:" or "layout.head_dim:".
 absl::Status NameTheFlag(const absl::Status& s) {
-  static const std::pair<const char*, const char*> kFlags[] = {
-      {"namespace.tenant_salt:", "--tenant-salt:"}, {"namespace.tenant:", "--tenant:"},
-      {"namespace.model:", "--model:"},             {"namespace.revision:", "--revision:"},
-      {"layout.num_layers:", "--num-layers:"},      {"layout.num_kv_heads:", "--kv-heads:"},
-      {"layout.head_dim:", "--head-dim:"},          {"layout.latent_dim:", "--latent-dim:"},
-      {"layout.block_tokens:", "--block-tokens:"},  {"layout.tp_size:", "--tp-size:"},
-      {"layout.quant_group_size:", "--group:"}};
+  static const std::pair<const char*, const char*> kFlags[] = {{"namespace.tenant_salt:", "--tenant-salt:"},
+                                                               {"namespace.tenant:", "--tenant:"},
+                                                               {"namespace.model:", "--model:"},
+                                                               {"namespace.revision:", "--revision:"},
+                                                               {"layout.num_layers:", "--num-layers:"},
+                                                               {"layout.num_kv_heads:", "--kv-heads:"},
+                                                               {"layout.head_dim:", "--head-dim:"},
+                                                               {"layout.latent_dim:", "--latent-dim:"},
+                                                               {"layout.block_tokens:", "--block-tokens:"},
+                                                               {"layout.tp_size:", "--tp-size:"},
+                                                               {"layout.quant_group_size:", "--group:"}};
   std::string msg(s.message());
   for (const auto& [field, flag] : kFlags) {
     if (absl::StartsWith(msg, field)) {
@@ -51,7 +55,9 @@ void NamespaceFlags::Register(CLI::App* app, bool with_salt) {
   block_tokens_opt_ = app->add_option("--block-tokens", block_tokens,
                                       "Tokens per block (default 16; 512 with --replay-namespace, as trace_replay)")
                           ->group(kGroup);
-  app->add_option("--tp-size", tp_size, "Tensor-parallel degree (shards per block)")->capture_default_str()->group(kGroup);
+  app->add_option("--tp-size", tp_size, "Tensor-parallel degree (shards per block)")
+      ->capture_default_str()
+      ->group(kGroup);
   app->add_option("--group", group, "Values per fp32 scale with a quantized codec")
       ->capture_default_str()
       ->group(kGroup);
@@ -152,8 +158,8 @@ absl::StatusOr<Namespace> NamespaceFromJson(const nlohmann::json& j) {
   const nlohmann::json& l = j["layout"];
   std::string kind = "standard", dtype = "bf16", codec = "none";
   for (const auto& [key, value] : l.items()) {
-    static const char* kKeys[] = {"kind",     "dtype",        "codec",   "num_layers", "num_kv_heads", "head_dim",
-                                  "latent_dim", "block_tokens", "tp_size", "quant_group_size"};
+    static const char* kKeys[] = {"kind",     "dtype",      "codec",        "num_layers", "num_kv_heads",
+                                  "head_dim", "latent_dim", "block_tokens", "tp_size",    "quant_group_size"};
     if (std::find(std::begin(kKeys), std::end(kKeys), key) == std::end(kKeys)) {
       return absl::InvalidArgumentError(absl::StrCat("unknown key \"layout.", key, "\""));
     }
@@ -170,10 +176,11 @@ absl::StatusOr<Namespace> NamespaceFromJson(const nlohmann::json& j) {
   ns.layout.kind = *k;
   ns.layout.dtype = *d;
   ns.layout.codec = *c;
-  for (auto [key, out] : {std::pair{"num_layers", &ns.layout.num_layers}, std::pair{"num_kv_heads", &ns.layout.num_kv_heads},
-                          std::pair{"head_dim", &ns.layout.head_dim}, std::pair{"latent_dim", &ns.layout.latent_dim},
-                          std::pair{"block_tokens", &ns.layout.block_tokens}, std::pair{"tp_size", &ns.layout.tp_size},
-                          std::pair{"quant_group_size", &ns.layout.quant_group_size}}) {
+  for (auto [key, out] :
+       {std::pair{"num_layers", &ns.layout.num_layers}, std::pair{"num_kv_heads", &ns.layout.num_kv_heads},
+        std::pair{"head_dim", &ns.layout.head_dim}, std::pair{"latent_dim", &ns.layout.latent_dim},
+        std::pair{"block_tokens", &ns.layout.block_tokens}, std::pair{"tp_size", &ns.layout.tp_size},
+        std::pair{"quant_group_size", &ns.layout.quant_group_size}}) {
     if (absl::Status s = u32(l, key, out); !s.ok()) return s;
   }
   if (absl::Status s = ns.Validate(); !s.ok()) return s;

@@ -29,8 +29,8 @@ struct NamespaceFlags {
   uint32_t latent_dim = 0;
   uint32_t block_tokens = 16;
   uint32_t tp_size = 1;
-  uint32_t group = 64;            // quant_group_size
-  std::string tenant_salt;        // lookup only; absent unless given
+  uint32_t group = 64;      // quant_group_size
+  std::string tenant_salt;  // lookup only; absent unless given
   // trace_replay's namespace (bench/trace_replay): tenant "demo", model "llama-3.1-8b-scaled", one bf16
   // layer and KV head of head_dim = replay_block_bytes / (4 x block_tokens); --tenant/--model override.
   bool replay = false;

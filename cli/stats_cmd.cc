@@ -88,8 +88,8 @@ struct Rates {
     evictions += o.evictions;
   }
   Json ToJson() const {
-    return {{"lookup_requests_per_s", lookup_requests}, {"lookup_blocks_per_s", lookup_blocks},
-            {"read_blocks_per_s", read_blocks},         {"read_bytes_per_s", read_bytes},
+    return {{"lookup_requests_per_s", lookup_requests},   {"lookup_blocks_per_s", lookup_blocks},
+            {"read_blocks_per_s", read_blocks},           {"read_bytes_per_s", read_bytes},
             {"committed_blocks_per_s", committed_blocks}, {"evictions_per_s", evictions}};
   }
 };
@@ -113,13 +113,13 @@ std::optional<Rates> ComputeRates(const v1::GetStatsResponse& a, const v1::GetSt
 }
 
 struct StatsReport {
-  std::vector<MemberStats> members;             // the latest snapshot
-  std::vector<std::optional<Rates>> rates;      // per member; empty without --interval-s
-  std::vector<std::string> rate_problems;       // per member, why it has no rates ("" when it has)
-  std::optional<double> interval_s;             // measured time between the snapshots
-  v1::GetStatsResponse totals;                  // sums over the members that answered the latest snapshot
-  std::optional<Rates> total_rates;             // sum of the members' rates
-  size_t answered = 0;                          // members that answered every snapshot taken
+  std::vector<MemberStats> members;         // the latest snapshot
+  std::vector<std::optional<Rates>> rates;  // per member; empty without --interval-s
+  std::vector<std::string> rate_problems;   // per member, why it has no rates ("" when it has)
+  std::optional<double> interval_s;         // measured time between the snapshots
+  v1::GetStatsResponse totals;              // sums over the members that answered the latest snapshot
+  std::optional<Rates> total_rates;         // sum of the members' rates
+  size_t answered = 0;                      // members that answered every snapshot taken
 };
 
 StatsReport CollectStats(const CtlOptions& options, const StatsOptions& stats) {
@@ -206,9 +206,10 @@ void PrintStats(const StatsReport& report, std::ostream& out) {
   Table reads({"NODE", "LOOKUPS", "HIT BLOCKS", "MISS BLOCKS", "HIT RATIO", "READ BLOCKS", "READ BYTES"},
               {false, true, true, true, true, true, true});
   add_rows(reads, [&](const v1::GetStatsResponse& s) {
-    return std::vector<std::string>{n(s.lookup_requests()), n(s.lookup_blocks_hit()), n(s.lookup_blocks_miss()),
-                                    RatioText(HitRatio(s.lookup_blocks_hit(), s.lookup_blocks_miss())),
-                                    n(s.read_blocks()), HumanBytes(s.read_bytes())};
+    return std::vector<std::string>{
+        n(s.lookup_requests()),    n(s.lookup_blocks_hit()),
+        n(s.lookup_blocks_miss()), RatioText(HitRatio(s.lookup_blocks_hit(), s.lookup_blocks_miss())),
+        n(s.read_blocks()),        HumanBytes(s.read_bytes())};
   });
   out << "\n";
   Table writes({"NODE", "COMMITTED", "ALREADY PRESENT", "EVICTIONS", "REJECTED NO SPACE", "REJECTED INVALID"},
@@ -245,8 +246,8 @@ void PrintStats(const StatsReport& report, std::ostream& out) {
     auto f = [](double v) { return absl::StrFormat("%.1f", v); };
     auto cells = [&](const std::optional<Rates>& r) {
       if (!r) return std::vector<std::string>(6, "-");
-      return std::vector<std::string>{f(r->lookup_requests), f(r->lookup_blocks), f(r->read_blocks),
-                                      HumanBytes(static_cast<uint64_t>(r->read_bytes)) + "/s",
+      return std::vector<std::string>{f(r->lookup_requests),  f(r->lookup_blocks),
+                                      f(r->read_blocks),      HumanBytes(static_cast<uint64_t>(r->read_bytes)) + "/s",
                                       f(r->committed_blocks), f(r->evictions)};
     };
     for (size_t i = 0; i < report.members.size(); ++i) {

@@ -135,8 +135,8 @@ TierTotals SumTiers(const StatusReport& report, const std::string& tier) {
 }
 
 size_t CountUp(const StatusReport& report) {
-  return static_cast<size_t>(std::count_if(report.members.begin(), report.members.end(),
-                                           [](const MemberStatus& m) { return m.up(); }));
+  return static_cast<size_t>(
+      std::count_if(report.members.begin(), report.members.end(), [](const MemberStatus& m) { return m.up(); }));
 }
 
 Json StatusJson(const StatusReport& report) {
@@ -171,10 +171,8 @@ Json StatusJson(const StatusReport& report) {
   Json tiers = Json::array();
   for (const std::string& name : report.tiers) {
     const TierTotals t = SumTiers(report, name);
-    tiers.push_back({{"tier", name},
-                     {"capacity_bytes", t.capacity_bytes},
-                     {"used_bytes", t.used_bytes},
-                     {"blocks", t.blocks}});
+    tiers.push_back(
+        {{"tier", name}, {"capacity_bytes", t.capacity_bytes}, {"used_bytes", t.used_bytes}, {"blocks", t.blocks}});
   }
   Json totals = {{"members_up", CountUp(report)},
                  {"members_total", report.members.size()},

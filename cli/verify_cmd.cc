@@ -33,8 +33,13 @@ struct NodeProgress {
 class ProgressDisplay {
  public:
   ProgressDisplay(bool enabled, const ClusterView& view, const std::vector<size_t>& selected)
-      : enabled_(enabled), tty_(isatty(STDERR_FILENO) == 1), view_(view), selected_(selected),
-        last_line_(selected.size()), last_checked_(selected.size(), UINT64_MAX), done_shown_(selected.size(), false) {}
+      : enabled_(enabled),
+        tty_(isatty(STDERR_FILENO) == 1),
+        view_(view),
+        selected_(selected),
+        last_line_(selected.size()),
+        last_checked_(selected.size(), UINT64_MAX),
+        done_shown_(selected.size(), false) {}
 
   // Called with the lock held on the shared progress.
   void Draw(const std::vector<NodeProgress>& nodes, bool final) {
@@ -197,8 +202,9 @@ int RunVerify(const CtlOptions& options, const VerifyOptions& verify) {
     }
     table.AddRow({"TOTAL", absl::StrCat(checked), absl::StrCat(corrupt), corrupt > 0 ? "CORRUPT" : ""});
     table.Print(std::cout);
-    std::cout << "\n" << verified << "/" << nodes.size() << " members verified, " << checked << " blocks checked, "
-              << corrupt << " corrupt\n";
+    std::cout << "\n"
+              << verified << "/" << nodes.size() << " members verified, " << checked << " blocks checked, " << corrupt
+              << " corrupt\n";
     for (size_t k = 0; k < nodes.size(); ++k) {
       for (const std::string& fp : nodes[k].corrupt_fingerprints) {
         std::cout << view.Name((*selected)[k]) << ": corrupt " << fp << "\n";

@@ -17,7 +17,7 @@ PACKAGES=(
   curl procps
   iproute2  # tests/fault: `ip netns` and veth pairs for the network-partition test
   python3-dev python3-pybind11 python3-numpy python3-pip python3-setuptools python3-wheel  # bindings/python
-  clang libclang-rt-14-dev
+  clang libclang-rt-14-dev clang-format  # sanitizers, fuzzers; scripts/format.sh
 )
 # tests/deploy: promtool (Debian's prometheus package) checks /metrics and deploy/prometheus; node and npm
 # install kubernetes-models to validate deploy/k8s. KVTIER_DEPS_TEST_TOOLS=0 leaves them out (the image

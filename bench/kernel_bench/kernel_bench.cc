@@ -39,13 +39,13 @@ namespace {
     }                                                                                        \
   } while (0)
 
-#define KB_OK(x)                                                                              \
-  do {                                                                                        \
-    const KernelStatus kb_s = (x);                                                            \
-    if (!kb_s.ok()) {                                                                         \
+#define KB_OK(x)                                                                                     \
+  do {                                                                                               \
+    const KernelStatus kb_s = (x);                                                                   \
+    if (!kb_s.ok()) {                                                                                \
       std::fprintf(stderr, "kernel_bench: %s failed: %d %s\n", #x, kb_s.code, kb_s.message.c_str()); \
-      std::exit(1);                                                                           \
-    }                                                                                         \
+      std::exit(1);                                                                                  \
+    }                                                                                                \
   } while (0)
 
 struct Options {
@@ -121,11 +121,10 @@ double MemcpyGbps(size_t bytes, int iters) {
 
 int g_failures = 0;
 
-void Report(const std::string& name, double ms, double bytes_moved, double baseline_gbps,
-            const char* baseline_name) {
+void Report(const std::string& name, double ms, double bytes_moved, double baseline_gbps, const char* baseline_name) {
   const double gbps = bytes_moved / (ms * 1e6);
-  std::printf("%-58s %9.3f ms %9.1f GB/s %6.1f%% of %s\n", name.c_str(), ms, gbps,
-              100.0 * gbps / baseline_gbps, baseline_name);
+  std::printf("%-58s %9.3f ms %9.1f GB/s %6.1f%% of %s\n", name.c_str(), ms, gbps, 100.0 * gbps / baseline_gbps,
+              baseline_name);
   std::fflush(stdout);
 }
 
@@ -200,7 +199,8 @@ void BenchPaged(const PagedCase& c, const Options& o) {
   std::vector<const void*> ccaches(caches.begin(), caches.end());
   std::vector<const void*> cblocks(blocks.begin(), blocks.end());
 
-  double ms = TimeMs([&] { KB_OK(GatherCuda(spec, ccaches.data(), table.data(), c.num_blocks, blocks.data())); }, o.iters);
+  double ms =
+      TimeMs([&] { KB_OK(GatherCuda(spec, ccaches.data(), table.data(), c.num_blocks, blocks.data())); }, o.iters);
   Report("gather  " + c.name, ms, bytes, base, "memcpy");
   KB_CUDA(cudaDeviceSynchronize());
   int wrong = CheckRuns(spec, caches, blocks, table, sample);
@@ -213,11 +213,13 @@ void BenchPaged(const PagedCase& c, const Options& o) {
   KB_CUDA(cudaMemcpy(d_table.get(), table.data(), d_table.bytes(), cudaMemcpyHostToDevice));
   CudaLaunchOptions dev;
   dev.tables_on_device = true;
-  ms = TimeMs([&] {
-    KB_OK(GatherCuda(spec, reinterpret_cast<const void* const*>(d_caches.get()),
-                     reinterpret_cast<const int32_t*>(d_table.get()), c.num_blocks,
-                     reinterpret_cast<void* const*>(d_blocks.get()), dev));
-  }, o.iters);
+  ms = TimeMs(
+      [&] {
+        KB_OK(GatherCuda(spec, reinterpret_cast<const void* const*>(d_caches.get()),
+                         reinterpret_cast<const int32_t*>(d_table.get()), c.num_blocks,
+                         reinterpret_cast<void* const*>(d_blocks.get()), dev));
+      },
+      o.iters);
   Report("gather  " + c.name + " (device tables)", ms, bytes, base, "memcpy");
 
   // Scatter: put different bytes in the blocks first, so the check sees them move.
@@ -251,11 +253,13 @@ void BenchGatherToHost(const PagedCase& c, const Options& o) {
   DeviceMemory src(total);
   void* host = nullptr;
   KB_CUDA(cudaHostAlloc(&host, total, cudaHostAllocDefault));
-  const double d2h_ms = TimeMs([&] { KB_CUDA(cudaMemcpyAsync(host, src.get(), total, cudaMemcpyDeviceToHost)); }, o.iters);
+  const double d2h_ms =
+      TimeMs([&] { KB_CUDA(cudaMemcpyAsync(host, src.get(), total, cudaMemcpyDeviceToHost)); }, o.iters);
   const double d2h_gbps = total / (d2h_ms * 1e6);
-  std::printf("%-58s %9.3f ms %9.1f GB/s (one way)\n", ("cudaMemcpy D2H " + std::to_string(total >> 20) + " MiB").c_str(),
-              d2h_ms, d2h_gbps);
-  const double ms = TimeMs([&] { KB_OK(GatherCuda(spec, caches.data(), table.data(), c.num_blocks, blocks.data())); }, o.iters);
+  std::printf("%-58s %9.3f ms %9.1f GB/s (one way)\n",
+              ("cudaMemcpy D2H " + std::to_string(total >> 20) + " MiB").c_str(), d2h_ms, d2h_gbps);
+  const double ms =
+      TimeMs([&] { KB_OK(GatherCuda(spec, caches.data(), table.data(), c.num_blocks, blocks.data())); }, o.iters);
   Report("gather  " + c.name + " -> pinned host (one way)", ms, static_cast<double>(total), d2h_gbps, "memcpy D2H");
   cudaFreeHost(host);
   for (auto& b : blocks) cudaFreeHost(b);
@@ -344,7 +348,8 @@ int Run(const Options& o) {
   std::printf("GB/s = (bytes read + bytes written) / time; memcpy = cudaMemcpyAsync D2D of the same bytes\n");
   if (o.smoke) {
     BenchPaged({"tiny kv_first L2 H2 D64 p16 bt32 x4", Standard(EngineLayout::kKvFirst, 2, 2, 64, 16, 32, 4), 4}, o);
-    BenchPaged({"tiny page_first L2 H2 D64 p16 bt32 x4", Standard(EngineLayout::kPageFirst, 2, 2, 64, 16, 32, 4), 4}, o);
+    BenchPaged({"tiny page_first L2 H2 D64 p16 bt32 x4", Standard(EngineLayout::kPageFirst, 2, 2, 64, 16, 32, 4), 4},
+               o);
     BenchPaged({"tiny mla L2 576 p1 bt8 x4", Mla(2, 576, 1, 8, 4), 4}, o);
     BenchGatherToHost({"tiny kv_first", Standard(EngineLayout::kKvFirst, 2, 2, 64, 16, 32, 4), 4}, o);
     QuantSpec q;
@@ -360,11 +365,13 @@ int Run(const Options& o) {
     // Llama-3.1-8B, TP 1: 32 layers, 8 KV heads of 128, vLLM pages of 16, kvtier blocks of 256 tokens.
     const int32_t n = 64;
     BenchPaged({"Llama-3.1-8B kv_first p16 bt256 x64", Standard(EngineLayout::kKvFirst, 32, 8, 128, 16, 256, n), n}, o);
-    BenchPaged({"Llama-3.1-8B page_first p16 bt256 x64", Standard(EngineLayout::kPageFirst, 32, 8, 128, 16, 256, n), n}, o);
+    BenchPaged({"Llama-3.1-8B page_first p16 bt256 x64", Standard(EngineLayout::kPageFirst, 32, 8, 128, 16, 256, n), n},
+               o);
     // DeepSeek-V3 MLA: 61 layers, latent 512 + rope 64 = 576, pages of 64 (vLLM) and of 1 (SGLang).
     BenchPaged({"DeepSeek-V3 mla p64 bt256 x16", Mla(61, 576, 64, 256, 16), 16}, o);
     BenchPaged({"DeepSeek-V3 mla p1 bt256 x16", Mla(61, 576, 1, 256, 16), 16}, o);
-    BenchGatherToHost({"Llama-3.1-8B kv_first p16 bt256 x8", Standard(EngineLayout::kKvFirst, 32, 8, 128, 16, 256, 8), 8}, o);
+    BenchGatherToHost(
+        {"Llama-3.1-8B kv_first p16 bt256 x8", Standard(EngineLayout::kKvFirst, 32, 8, 128, 16, 256, 8), 8}, o);
     QuantSpec q;
     q.block = Standard(EngineLayout::kKvFirst, 32, 8, 128, 16, 256, n).block;
     for (FloatType t : {FloatType::kBf16, FloatType::kFp16}) {

@@ -98,9 +98,11 @@ int main(int argc, char** argv) {
   std::vector<std::unique_ptr<kvtier::server::Server>> servers;
   std::vector<std::string> members;
   for (int i = 0; i < n_servers; ++i) {
-    auto s = kvtier::server::Server::Start(
-        {.node_id = "bench-" + std::to_string(i), .metrics_address = "", .host_cache_bytes = 64ULL << 20,
-         .slab_bytes = 1ULL << 20, .max_block_bytes = 1ULL << 20});
+    auto s = kvtier::server::Server::Start({.node_id = "bench-" + std::to_string(i),
+                                            .metrics_address = "",
+                                            .host_cache_bytes = 64ULL << 20,
+                                            .slab_bytes = 1ULL << 20,
+                                            .max_block_bytes = 1ULL << 20});
     if (!s.ok()) {
       std::fprintf(stderr, "lookup_bench: %s\n", std::string(s.status().message()).c_str());
       return 1;
@@ -122,8 +124,8 @@ int main(int argc, char** argv) {
   auto put = (*client)->Put(ns, *fps, 0, views);
   if (!put.ok()) return 1;
 
-  std::printf("\n== LookupPrefix on %d local servers, 16 tokens per block, all blocks cached (%d runs)\n",
-              n_servers, runs);
+  std::printf("\n== LookupPrefix on %d local servers, 16 tokens per block, all blocks cached (%d runs)\n", n_servers,
+              runs);
   std::printf("%-14s %8s %10s %10s %12s\n", "prompt tokens", "blocks", "p50 ms", "p99 ms", "prefix");
   for (size_t len : {1024ul, 8192ul, 32768ul, 131072ul}) {
     std::span<const kvtier::Fingerprint> chain(fps->data(), len / 16);

@@ -90,9 +90,8 @@ int main(int argc, char** argv) {
           std::llround(lo * std::pow(static_cast<double>(hi) / lo, static_cast<double>(i) / (points - 1)))));
     }
   }
-  std::sort(capacities.begin(), capacities.end(), [](uint64_t a, uint64_t b) {
-    return (a == 0 ? UINT64_MAX : a) < (b == 0 ? UINT64_MAX : b);
-  });
+  std::sort(capacities.begin(), capacities.end(),
+            [](uint64_t a, uint64_t b) { return (a == 0 ? UINT64_MAX : a) < (b == 0 ? UINT64_MAX : b); });
   capacities.erase(std::unique(capacities.begin(), capacities.end()), capacities.end());
   if (capacities.empty()) return Fail("no capacities given");
 
@@ -153,18 +152,19 @@ int main(int argc, char** argv) {
     points.push_back(p);
     const std::string cap = p.capacity_blocks == 0 ? std::string("inf") : absl::StrCat(p.capacity_blocks);
     if (json) {
-      std::printf("{\"policy\":\"%s\",\"capacity_blocks\":%s,\"disk_capacity_blocks\":%llu,\"nodes\":%u,"
-                  "\"hit_blocks\":%llu,\"blocks\":%llu,"
-                  "\"hit_ratio\":%.6f,\"belady_fraction\":%.4f,\"evictions\":%llu,\"not_admitted\":%llu,"
-                  "\"disk_hit_blocks\":%llu,\"demotions\":%llu,\"promotions\":%llu,\"disk_evictions\":%llu,"
-                  "\"seconds\":%.3f}\n",
-                  p.policy.c_str(), p.capacity_blocks == 0 ? "null" : cap.c_str(),
-                  static_cast<unsigned long long>(p.policy == "belady" ? 0 : disk_capacity), nodes,
-                  static_cast<unsigned long long>(p.hit_blocks), static_cast<unsigned long long>(p.blocks),
-                  p.hit_ratio, p.belady_fraction, static_cast<unsigned long long>(p.evictions),
-                  static_cast<unsigned long long>(p.not_admitted), static_cast<unsigned long long>(p.disk_hit_blocks),
-                  static_cast<unsigned long long>(p.demotions), static_cast<unsigned long long>(p.promotions),
-                  static_cast<unsigned long long>(p.disk_evictions), p.seconds);
+      std::printf(
+          "{\"policy\":\"%s\",\"capacity_blocks\":%s,\"disk_capacity_blocks\":%llu,\"nodes\":%u,"
+          "\"hit_blocks\":%llu,\"blocks\":%llu,"
+          "\"hit_ratio\":%.6f,\"belady_fraction\":%.4f,\"evictions\":%llu,\"not_admitted\":%llu,"
+          "\"disk_hit_blocks\":%llu,\"demotions\":%llu,\"promotions\":%llu,\"disk_evictions\":%llu,"
+          "\"seconds\":%.3f}\n",
+          p.policy.c_str(), p.capacity_blocks == 0 ? "null" : cap.c_str(),
+          static_cast<unsigned long long>(p.policy == "belady" ? 0 : disk_capacity), nodes,
+          static_cast<unsigned long long>(p.hit_blocks), static_cast<unsigned long long>(p.blocks), p.hit_ratio,
+          p.belady_fraction, static_cast<unsigned long long>(p.evictions),
+          static_cast<unsigned long long>(p.not_admitted), static_cast<unsigned long long>(p.disk_hit_blocks),
+          static_cast<unsigned long long>(p.demotions), static_cast<unsigned long long>(p.promotions),
+          static_cast<unsigned long long>(p.disk_evictions), p.seconds);
     } else {
       std::printf("%-12s %12s %10.4f %9s %12llu %12llu %8.2f\n", p.policy.c_str(), cap.c_str(), p.hit_ratio,
                   p.belady_fraction > 0 ? absl::StrFormat("%.1f%%", 100 * p.belady_fraction).c_str() : "-",
@@ -184,8 +184,13 @@ int main(int argc, char** argv) {
       auto r = kvtier::bench::SimulateBelady(*trace, sim);
       if (!r.ok()) return Fail(std::string(r.status().message()));
       belady_ratio = r->hit_ratio();
-      report({.policy = "belady", .capacity_blocks = capacity, .hit_blocks = r->hit_blocks, .blocks = r->blocks,
-              .hit_ratio = r->hit_ratio(), .belady_fraction = 1.0, .evictions = r->evictions,
+      report({.policy = "belady",
+              .capacity_blocks = capacity,
+              .hit_blocks = r->hit_blocks,
+              .blocks = r->blocks,
+              .hit_ratio = r->hit_ratio(),
+              .belady_fraction = 1.0,
+              .evictions = r->evictions,
               .not_admitted = r->not_admitted,
               .seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()});
     }
@@ -194,11 +199,18 @@ int main(int argc, char** argv) {
       auto r = kvtier::bench::SimulatePolicy(
           *trace, [&] { return kvtier::server::NewEvictionPolicy(name, policy_options); }, tiered);
       if (!r.ok()) return Fail(std::string(r.status().message()));
-      report({.policy = name, .capacity_blocks = capacity, .hit_blocks = r->hit_blocks, .blocks = r->blocks,
+      report({.policy = name,
+              .capacity_blocks = capacity,
+              .hit_blocks = r->hit_blocks,
+              .blocks = r->blocks,
               .hit_ratio = r->hit_ratio(),
               .belady_fraction = belady_ratio > 0 ? r->hit_ratio() / belady_ratio : 0.0,
-              .evictions = r->evictions, .not_admitted = r->not_admitted, .disk_hit_blocks = r->disk_hit_blocks,
-              .demotions = r->demotions, .promotions = r->promotions, .disk_evictions = r->disk_evictions,
+              .evictions = r->evictions,
+              .not_admitted = r->not_admitted,
+              .disk_hit_blocks = r->disk_hit_blocks,
+              .demotions = r->demotions,
+              .promotions = r->promotions,
+              .disk_evictions = r->disk_evictions,
               .seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()});
     }
   }

@@ -48,8 +48,8 @@ absl::StatusOr<SimResult> SimulatePolicy(const SimTrace& trace, const PolicyFact
   const bool tiered = options.disk_capacity_blocks != 0;
   if (tiered && (options.capacity_blocks == 0 || options.disk_capacity_blocks < options.nodes)) {
     return absl::InvalidArgumentError(absl::StrCat("a disk tier of ", options.disk_capacity_blocks,
-                                                   " blocks needs a finite host capacity and at least ",
-                                                   options.nodes, " blocks"));
+                                                   " blocks needs a finite host capacity and at least ", options.nodes,
+                                                   " blocks"));
   }
   enum : uint8_t { kAbsent = 0, kHost = 1, kDisk = 2 };
   struct Node {
@@ -74,8 +74,8 @@ absl::StatusOr<SimResult> SimulatePolicy(const SimTrace& trace, const PolicyFact
       auto disk_policy = factory();
       if (!disk_policy.ok()) return disk_policy.status();
       nodes[n].disk_policy = std::move(disk_policy).value();
-      nodes[n].disk_capacity = options.disk_capacity_blocks / options.nodes +
-                               (n < options.disk_capacity_blocks % options.nodes ? 1 : 0);
+      nodes[n].disk_capacity =
+          options.disk_capacity_blocks / options.nodes + (n < options.disk_capacity_blocks % options.nodes ? 1 : 0);
     }
   }
   const uint64_t block_bytes = options.block_bytes != 0 ? options.block_bytes : uint64_t{trace.block_tokens} * 1024;
@@ -133,10 +133,8 @@ absl::StatusOr<SimResult> SimulatePolicy(const SimTrace& trace, const PolicyFact
     const uint64_t hit = LeadingRun(trace, r, [&](uint32_t b) { return handle_of[b] != kNil; });
     result.hit_blocks += hit;
     result.blocks += trace.offsets[r + 1] - trace.offsets[r];
-    server::BlockAccess access{.depth = 0,
-                               .namespace_id = trace.namespace_ids[r],
-                               .size_bytes = block_bytes,
-                               .now_ns = trace.time_ns[r]};
+    server::BlockAccess access{
+        .depth = 0, .namespace_id = trace.namespace_ids[r], .size_bytes = block_bytes, .now_ns = trace.time_ns[r]};
     for (uint64_t p = trace.offsets[r]; p < trace.offsets[r + 1]; ++p) {
       const uint32_t b = trace.blocks[p];
       Node& node = nodes[NodeOf(trace, b, options.nodes)];
@@ -207,7 +205,7 @@ absl::StatusOr<SimResult> SimulateBelady(const SimTrace& trace, const SimOptions
   }
   struct Node {
     uint64_t capacity = 0;
-    std::vector<uint32_t> cached;                           // the cached blocks, in any order
+    std::vector<uint32_t> cached;                                // the cached blocks, in any order
     std::priority_queue<std::pair<uint64_t, uint32_t>> by_next;  // (next use, block); lazy: stale entries
   };
   std::vector<Node> nodes(options.nodes);

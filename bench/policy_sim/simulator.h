@@ -32,18 +32,18 @@ struct SimOptions {
   uint64_t block_bytes = 0;      // BlockAccess::size_bytes of every block; 0 = block_tokens x 1 KiB
   // Disk tier below the host tier (capacity_blocks), over all nodes; 0 = none. SimulatePolicy only.
   uint64_t disk_capacity_blocks = 0;
-  bool promote_on_hit = true;    // a hit on a disk block moves it back to the host tier
+  bool promote_on_hit = true;  // a hit on a disk block moves it back to the host tier
 };
 
 struct SimResult {
-  uint64_t hit_blocks = 0;    // sum over requests of the leading run present
-  uint64_t blocks = 0;        // sum over requests of their blocks
-  uint64_t evictions = 0;     // blocks evicted to make room
-  uint64_t not_admitted = 0;  // absent blocks left out (Admit() said no, or Belady's rule)
-  uint64_t disk_hit_blocks = 0;   // hit blocks that were on the disk tier
-  uint64_t demotions = 0;         // host -> disk
-  uint64_t promotions = 0;        // disk -> host
-  uint64_t disk_evictions = 0;    // dropped from the disk tier
+  uint64_t hit_blocks = 0;       // sum over requests of the leading run present
+  uint64_t blocks = 0;           // sum over requests of their blocks
+  uint64_t evictions = 0;        // blocks evicted to make room
+  uint64_t not_admitted = 0;     // absent blocks left out (Admit() said no, or Belady's rule)
+  uint64_t disk_hit_blocks = 0;  // hit blocks that were on the disk tier
+  uint64_t demotions = 0;        // host -> disk
+  uint64_t promotions = 0;       // disk -> host
+  uint64_t disk_evictions = 0;   // dropped from the disk tier
   double hit_ratio() const { return blocks == 0 ? 0.0 : static_cast<double>(hit_blocks) / blocks; }
 };
 

@@ -23,11 +23,20 @@ std::string EscapeXml(const std::string& s) {
   std::string out;
   for (char c : s) {
     switch (c) {
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '&': out += "&amp;"; break;
-      case '"': out += "&quot;"; break;
-      default: out += c;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '&':
+        out += "&amp;";
+        break;
+      case '"':
+        out += "&quot;";
+        break;
+      default:
+        out += c;
     }
   }
   return out;
@@ -46,9 +55,8 @@ absl::Status WriteSweepCsv(const std::string& path, const std::vector<SweepPoint
       "policy,capacity_blocks,hit_ratio,belady_fraction,hit_blocks,blocks,evictions,not_admitted,seconds\n";
   for (const SweepPoint& p : points) {
     absl::StrAppendFormat(&text, "%s,%s,%.6f,%.4f,%d,%d,%d,%d,%.3f\n", p.policy,
-                          p.capacity_blocks == 0 ? std::string("inf") : absl::StrCat(p.capacity_blocks),
-                          p.hit_ratio, p.belady_fraction, p.hit_blocks, p.blocks, p.evictions, p.not_admitted,
-                          p.seconds);
+                          p.capacity_blocks == 0 ? std::string("inf") : absl::StrCat(p.capacity_blocks), p.hit_ratio,
+                          p.belady_fraction, p.hit_blocks, p.blocks, p.evictions, p.not_admitted, p.seconds);
   }
   return WriteFile(path, text);
 }
@@ -57,7 +65,7 @@ absl::Status WriteSweepSvg(const std::string& path, const std::string& title, co
   constexpr double kWidth = 760, kHeight = 480, kLeft = 70, kRight = 170, kTop = 40, kBottom = 60;
   const double plot_w = kWidth - kLeft - kRight, plot_h = kHeight - kTop - kBottom;
   std::map<std::string, std::vector<const SweepPoint*>> lines;  // finite capacities per policy
-  std::vector<std::string> order;                                // policies in first-seen order
+  std::vector<std::string> order;                               // policies in first-seen order
   double infinite = -1, max_ratio = 0;
   uint64_t min_cap = UINT64_MAX, max_cap = 0;
   for (const SweepPoint& p : points) {
@@ -112,8 +120,8 @@ absl::Status WriteSweepSvg(const std::string& path, const std::string& title, co
   double last_label_x = -1e9;
   for (uint64_t c : ticks) {
     const double x = x_of(c);
-    absl::StrAppendFormat(&svg, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#e0e0e0\"/>\n", x,
-                          kTop, x, kTop + plot_h);
+    absl::StrAppendFormat(&svg, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#e0e0e0\"/>\n", x, kTop,
+                          x, kTop + plot_h);
     if (x - last_label_x >= 40) {
       absl::StrAppendFormat(&svg, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">%s</text>\n", x,
                             kTop + plot_h + 18, CapacityLabel(c));
@@ -160,8 +168,8 @@ absl::Status WriteSweepSvg(const std::string& path, const std::string& title, co
                           "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"black\" "
                           "stroke-dasharray=\"6,4\"/>\n"
                           "<text x=\"%.1f\" y=\"%.1f\">infinite cache %.3f</text>\n",
-                          kLeft, y_of(infinite), kLeft + plot_w, y_of(infinite), kLeft + plot_w + 12,
-                          legend_y + 4, infinite);
+                          kLeft, y_of(infinite), kLeft + plot_w, y_of(infinite), kLeft + plot_w + 12, legend_y + 4,
+                          infinite);
   }
   svg += "</svg>\n";
   return WriteFile(path, svg);

@@ -16,14 +16,14 @@ struct SweepPoint {
   uint64_t hit_blocks = 0;
   uint64_t blocks = 0;
   double hit_ratio = 0;
-  double belady_fraction = 0;    // hit_ratio / Belady's at the same capacity; 0 when Belady was not run
+  double belady_fraction = 0;  // hit_ratio / Belady's at the same capacity; 0 when Belady was not run
   uint64_t evictions = 0;
   uint64_t not_admitted = 0;
   uint64_t disk_hit_blocks = 0;  // with a disk tier: hits served from disk, and the moves between tiers
   uint64_t demotions = 0;
   uint64_t promotions = 0;
   uint64_t disk_evictions = 0;
-  double seconds = 0;            // wall time of the replay
+  double seconds = 0;  // wall time of the replay
 };
 
 // policy,capacity_blocks,hit_ratio,belady_fraction,hit_blocks,blocks,evictions,not_admitted,seconds;

@@ -24,8 +24,7 @@ uint64_t SplitMix64(uint64_t x) {
 class BlockNumbering {
  public:
   uint32_t Dense(uint64_t scope, uint64_t id, SimTrace& trace) {
-    auto [it, inserted] =
-        dense_.try_emplace(std::make_pair(scope, id), static_cast<uint32_t>(trace.block_keys.size()));
+    auto [it, inserted] = dense_.try_emplace(std::make_pair(scope, id), static_cast<uint32_t>(trace.block_keys.size()));
     if (inserted) trace.block_keys.push_back(SplitMix64(SplitMix64(scope) ^ id));
     return it->second;
   }
@@ -81,9 +80,9 @@ struct KvctRequest {
   std::vector<uint64_t> ids;
 };
 
-absl::Status FlattenSession(const nlohmann::json& requests, double base_s, uint32_t session,
-                            const std::string& file, absl::flat_hash_map<std::string, uint32_t>& models,
-                            uint32_t& order, std::vector<KvctRequest>& out) {
+absl::Status FlattenSession(const nlohmann::json& requests, double base_s, uint32_t session, const std::string& file,
+                            absl::flat_hash_map<std::string, uint32_t>& models, uint32_t& order,
+                            std::vector<KvctRequest>& out) {
   if (!requests.is_array()) return absl::InvalidArgumentError(absl::StrCat(file, ": requests is not an array"));
   for (const auto& r : requests) {
     auto t = r.find("t");
@@ -121,8 +120,7 @@ absl::Status FlattenSession(const nlohmann::json& requests, double base_s, uint3
 
 }  // namespace
 
-absl::StatusOr<SimTrace> LoadKvCacheTesterSimTrace(const std::string& dir, size_t sessions,
-                                                   double session_spacing_s) {
+absl::StatusOr<SimTrace> LoadKvCacheTesterSimTrace(const std::string& dir, size_t sessions, double session_spacing_s) {
   std::error_code ec;
   std::vector<std::string> files;
   for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {

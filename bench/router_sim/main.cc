@@ -72,8 +72,14 @@ class LruCache {
  private:
   static constexpr uint32_t kNone = ~uint32_t{0};
   void Unlink(uint32_t b) {
-    if (prev_[b] != kNone) next_[prev_[b]] = next_[b]; else head_ = next_[b];
-    if (next_[b] != kNone) prev_[next_[b]] = prev_[b]; else tail_ = prev_[b];
+    if (prev_[b] != kNone)
+      next_[prev_[b]] = next_[b];
+    else
+      head_ = next_[b];
+    if (next_[b] != kNone)
+      prev_[next_[b]] = prev_[b];
+    else
+      tail_ = prev_[b];
     prev_[b] = next_[b] = kNone;
   }
   void PushFront(uint32_t b) {
@@ -182,12 +188,13 @@ int main(int argc, char** argv) {
   const SimTrace& trace = *loaded;
   const bool json = absl::GetFlag(FLAGS_json);
   if (!json) {
-    std::printf("trace %s: %zu requests, %zu block accesses, %zu distinct blocks\n", path.c_str(),
-                trace.num_requests(), trace.num_accesses(), trace.num_distinct_blocks());
-    std::printf("%u workers x %llu blocks LRU; LSH %u bands x %u rows (threshold %.2f, steepest near %.3f); "
-                "load bound %.2f x mean\n",
-                workers, static_cast<unsigned long long>(capacity), hasher->bands().bands, hasher->bands().rows,
-                hasher->options().threshold, hasher->bands().ApproximateThreshold(), load_bound);
+    std::printf("trace %s: %zu requests, %zu block accesses, %zu distinct blocks\n", path.c_str(), trace.num_requests(),
+                trace.num_accesses(), trace.num_distinct_blocks());
+    std::printf(
+        "%u workers x %llu blocks LRU; LSH %u bands x %u rows (threshold %.2f, steepest near %.3f); "
+        "load bound %.2f x mean\n",
+        workers, static_cast<unsigned long long>(capacity), hasher->bands().bands, hasher->bands().rows,
+        hasher->options().threshold, hasher->bands().ApproximateThreshold(), load_bound);
     std::printf("%-20s %10s %12s %12s %14s %10s %9s\n", "router", "hit_ratio", "hit_blocks", "max/mean_load",
                 "max/mean_reqs", "groups", "spilled");
   }
@@ -195,7 +202,8 @@ int main(int argc, char** argv) {
   // Items of request r: its hash ids (the loaders' dense ids map one-to-one onto them within a trace).
   auto items_of = [&](size_t r) {
     std::vector<uint64_t> items;
-    for (uint64_t i = trace.offsets[r]; i < trace.offsets[r + 1]; ++i) items.push_back(trace.block_keys[trace.blocks[i]]);
+    for (uint64_t i = trace.offsets[r]; i < trace.offsets[r + 1]; ++i)
+      items.push_back(trace.block_keys[trace.blocks[i]]);
     return items;
   };
 
@@ -253,14 +261,14 @@ int main(int argc, char** argv) {
     res.max_mean_requests = MaxOverMean(requests);
     res.groups = keys.size();
     if (json) {
-      std::printf("{\"router\":\"%s\",\"workers\":%u,\"capacity_blocks\":%llu,\"requests\":%zu,\"hit_ratio\":%.6f,"
-                  "\"hit_blocks\":%llu,\"blocks\":%llu,\"max_mean_load\":%.4f,\"max_mean_requests\":%.4f,"
-                  "\"groups\":%llu,\"spilled\":%llu,\"load_bound\":%.3f,\"bands\":%u,\"rows\":%u}\n",
-                  res.router.c_str(), workers, static_cast<unsigned long long>(capacity), trace.num_requests(),
-                  res.hit_ratio(), static_cast<unsigned long long>(res.hit_blocks),
-                  static_cast<unsigned long long>(res.blocks), res.max_mean_load, res.max_mean_requests,
-                  static_cast<unsigned long long>(res.groups), static_cast<unsigned long long>(res.spilled),
-                  load_bound, hasher->bands().bands, hasher->bands().rows);
+      std::printf(
+          "{\"router\":\"%s\",\"workers\":%u,\"capacity_blocks\":%llu,\"requests\":%zu,\"hit_ratio\":%.6f,"
+          "\"hit_blocks\":%llu,\"blocks\":%llu,\"max_mean_load\":%.4f,\"max_mean_requests\":%.4f,"
+          "\"groups\":%llu,\"spilled\":%llu,\"load_bound\":%.3f,\"bands\":%u,\"rows\":%u}\n",
+          res.router.c_str(), workers, static_cast<unsigned long long>(capacity), trace.num_requests(), res.hit_ratio(),
+          static_cast<unsigned long long>(res.hit_blocks), static_cast<unsigned long long>(res.blocks),
+          res.max_mean_load, res.max_mean_requests, static_cast<unsigned long long>(res.groups),
+          static_cast<unsigned long long>(res.spilled), load_bound, hasher->bands().bands, hasher->bands().rows);
     } else {
       std::printf("%-20s %10.4f %12llu %12.3f %14.3f %10llu %9llu\n", res.router.c_str(), res.hit_ratio(),
                   static_cast<unsigned long long>(res.hit_blocks), res.max_mean_load, res.max_mean_requests,

@@ -6,8 +6,8 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_split.h"
-#include "server_load.h"
 #include "replayer.h"
+#include "server_load.h"
 #include "workload.h"
 
 ABSL_FLAG(std::string, members, "", "comma-separated host:port of the cluster's members (required)");
@@ -94,13 +94,14 @@ int main(int argc, char** argv) {
     if (json) {
       std::printf("{\"window\": %s}\n", w.ToJson().c_str());
     } else {
-      std::printf("window %llu: requests %llu-%llu, hit ratio %.4f, %llu misses from errors, %llu put errors, "
-                  "%llu client errors, %llu mismatches, lookup p99 %.2f ms\n",
-                  static_cast<unsigned long long>(w.index), static_cast<unsigned long long>(w.first_request),
-                  static_cast<unsigned long long>(w.first_request + w.requests - 1), w.block_hit_ratio(),
-                  static_cast<unsigned long long>(w.misses_from_errors),
-                  static_cast<unsigned long long>(w.put_errors), static_cast<unsigned long long>(w.client_errors),
-                  static_cast<unsigned long long>(w.payload_mismatches), w.lookup_ms.p99);
+      std::printf(
+          "window %llu: requests %llu-%llu, hit ratio %.4f, %llu misses from errors, %llu put errors, "
+          "%llu client errors, %llu mismatches, lookup p99 %.2f ms\n",
+          static_cast<unsigned long long>(w.index), static_cast<unsigned long long>(w.first_request),
+          static_cast<unsigned long long>(w.first_request + w.requests - 1), w.block_hit_ratio(),
+          static_cast<unsigned long long>(w.misses_from_errors), static_cast<unsigned long long>(w.put_errors),
+          static_cast<unsigned long long>(w.client_errors), static_cast<unsigned long long>(w.payload_mismatches),
+          w.lookup_ms.p99);
     }
     std::fflush(stdout);
   };
@@ -115,7 +116,8 @@ int main(int argc, char** argv) {
   if (absl::Status s = (*client)->FlushReplicas(absl::Seconds(60)); !s.ok()) {
     std::fprintf(stderr, "trace_replay: %s\n", std::string(s.message()).c_str());
   }
-  std::fprintf(stderr, "trace_replay: replication: %llu replica blocks stored, %llu failed, %llu hinted, %llu "
+  std::fprintf(stderr,
+               "trace_replay: replication: %llu replica blocks stored, %llu failed, %llu hinted, %llu "
                "delivered, %llu dropped; %llu blocks read from a replica\n",
                static_cast<unsigned long long>((*client)->stats().replica_puts.load()),
                static_cast<unsigned long long>((*client)->stats().replica_put_failures.load()),
@@ -133,11 +135,13 @@ int main(int argc, char** argv) {
     }
   }
   const kvtier::client::ClientStats& cs = (*client)->stats();
-  std::fprintf(stderr, "trace_replay: over UCX: %llu blocks fetched (%llu by the get lanes), %llu stored; %llu endpoint failures\n",
-               static_cast<unsigned long long>(cs.ucx_get_blocks.load()),
-               static_cast<unsigned long long>(cs.ucx_lane_get_blocks.load()),
-               static_cast<unsigned long long>(cs.ucx_put_blocks.load()),
-               static_cast<unsigned long long>(cs.ucx_endpoint_failures.load()));
+  std::fprintf(
+      stderr,
+      "trace_replay: over UCX: %llu blocks fetched (%llu by the get lanes), %llu stored; %llu endpoint failures\n",
+      static_cast<unsigned long long>(cs.ucx_get_blocks.load()),
+      static_cast<unsigned long long>(cs.ucx_lane_get_blocks.load()),
+      static_cast<unsigned long long>(cs.ucx_put_blocks.load()),
+      static_cast<unsigned long long>(cs.ucx_endpoint_failures.load()));
   if (json) {
     std::printf("%s\n", report->ToJson().c_str());
   } else {

@@ -132,8 +132,8 @@ class WindowTracker {
 
 double PrefillModel::PrefillSeconds(double start, double end) const {
   if (end <= start) return 0;
-  const double flops = flops_per_token * (end - start) +
-                       attention_flops_per_token_position * (end * end - start * start) / 2;
+  const double flops =
+      flops_per_token * (end - start) + attention_flops_per_token_position * (end * end - start * start) / 2;
   return flops / (peak_flops * mfu);
 }
 
@@ -158,15 +158,20 @@ void BlockPayload(uint64_t hash_id, std::span<std::byte> out) {
 absl::StatusOr<Namespace> ReplayNamespace(const ReplayOptions& o) {
   const uint64_t unit = 2ULL * o.block_tokens * 2;  // K and V, bf16
   if (o.block_tokens == 0 || o.block_bytes == 0 || o.block_bytes % unit != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("block_bytes must be a positive multiple of ", unit,
-                                                   " (K and V of ", o.block_tokens, " bf16 tokens)"));
+    return absl::InvalidArgumentError(absl::StrCat("block_bytes must be a positive multiple of ", unit, " (K and V of ",
+                                                   o.block_tokens, " bf16 tokens)"));
   }
   Namespace ns;
   ns.tenant = o.tenant;
   ns.model = o.model;
-  ns.layout = {.kind = LayoutKind::kStandard, .dtype = DType::kBf16, .codec = Codec::kNone, .num_layers = 1,
-               .num_kv_heads = 1, .head_dim = static_cast<uint32_t>(o.block_bytes / unit),
-               .block_tokens = o.block_tokens, .tp_size = 1};
+  ns.layout = {.kind = LayoutKind::kStandard,
+               .dtype = DType::kBf16,
+               .codec = Codec::kNone,
+               .num_layers = 1,
+               .num_kv_heads = 1,
+               .head_dim = static_cast<uint32_t>(o.block_bytes / unit),
+               .block_tokens = o.block_tokens,
+               .tp_size = 1};
   if (absl::Status s = ns.Validate(); !s.ok()) return s;
   return ns;
 }
@@ -334,9 +339,10 @@ std::string ReplayReport::ToJson() const {
       {"lookup_latency_ms", LatencyJson(lookup_ms)},
       {"get_latency_ms", LatencyJson(get_ms)},
       {"put_latency_ms", LatencyJson(put_ms)},
-      {"ttft_estimate_s", {{"no_cache_mean", ttft_no_cache_mean_s},
-                           {"cached_mean", ttft_cached_mean_s},
-                           {"speedup", ttft_cached_mean_s > 0 ? ttft_no_cache_mean_s / ttft_cached_mean_s : 0.0}}},
+      {"ttft_estimate_s",
+       {{"no_cache_mean", ttft_no_cache_mean_s},
+        {"cached_mean", ttft_cached_mean_s},
+        {"speedup", ttft_cached_mean_s > 0 ? ttft_no_cache_mean_s / ttft_cached_mean_s : 0.0}}},
   };
   if (!windows.empty()) {
     nlohmann::json w = nlohmann::json::array();
@@ -395,9 +401,10 @@ std::string ReplayReport::ToText() const {
   lat("lookup latency", lookup_ms);
   lat("get latency", get_ms);
   lat("put latency", put_ms);
-  absl::StrAppendFormat(&s, "TTFT estimate       %.1f ms without the cache, %.1f ms with it (x%.2f; model in bench/README.md)\n",
-                        ttft_no_cache_mean_s * 1000, ttft_cached_mean_s * 1000,
-                        ttft_cached_mean_s > 0 ? ttft_no_cache_mean_s / ttft_cached_mean_s : 0.0);
+  absl::StrAppendFormat(
+      &s, "TTFT estimate       %.1f ms without the cache, %.1f ms with it (x%.2f; model in bench/README.md)\n",
+      ttft_no_cache_mean_s * 1000, ttft_cached_mean_s * 1000,
+      ttft_cached_mean_s > 0 ? ttft_no_cache_mean_s / ttft_cached_mean_s : 0.0);
   return s;
 }
 

@@ -54,9 +54,9 @@ struct WindowReport {
   uint64_t client_errors = 0;
   uint64_t misses_from_errors = 0;
   uint64_t put_errors = 0;
-  int64_t start_unix_ms = 0;        // when the window's first request started
-  int64_t end_unix_ms = 0;          // when its last request ended
-  int64_t last_error_unix_ms = 0;   // end of the last request with a miss from error or a put error; 0: none
+  int64_t start_unix_ms = 0;       // when the window's first request started
+  int64_t end_unix_ms = 0;         // when its last request ended
+  int64_t last_error_unix_ms = 0;  // end of the last request with a miss from error or a put error; 0: none
   LatencySummary lookup_ms;
 
   double block_hit_ratio() const { return blocks ? double(hit_blocks) / double(blocks) : 0; }
@@ -65,10 +65,10 @@ struct WindowReport {
 };
 
 struct ReplayOptions {
-  uint32_t block_tokens = 512;          // tokens per hash id (Mooncake: 512)
-  uint64_t block_bytes = 32 << 10;      // payload bytes per block (one shard); a multiple of 2 * block_tokens * 2
-  uint64_t capacity_blocks = 0;         // cluster capacity, for the report and the reference LRU (0: none)
-  double time_scale = 0;                // 0: as fast as possible; s > 0: request at timestamp / s
+  uint32_t block_tokens = 512;      // tokens per hash id (Mooncake: 512)
+  uint64_t block_bytes = 32 << 10;  // payload bytes per block (one shard); a multiple of 2 * block_tokens * 2
+  uint64_t capacity_blocks = 0;     // cluster capacity, for the report and the reference LRU (0: none)
+  double time_scale = 0;            // 0: as fast as possible; s > 0: request at timestamp / s
   std::string tenant = "demo";
   std::string model = "llama-3.1-8b-scaled";
   PrefillModel prefill;
@@ -83,25 +83,25 @@ struct ReplayOptions {
 
 struct ReplayReport {
   uint64_t requests = 0;
-  uint64_t blocks = 0;                 // hash ids over all requests
+  uint64_t blocks = 0;  // hash ids over all requests
   uint64_t capacity_blocks = 0;
-  uint64_t hit_blocks = 0;             // leading blocks fetched intact
-  uint64_t lookup_prefix_blocks = 0;   // leading blocks the lookups reported
+  uint64_t hit_blocks = 0;            // leading blocks fetched intact
+  uint64_t lookup_prefix_blocks = 0;  // leading blocks the lookups reported
   uint64_t input_tokens = 0;
-  uint64_t hit_tokens = 0;             // sum of min(hit blocks x block_tokens, input_length)
-  uint64_t lru_sim_hit_blocks = 0;     // the reference LRU (data/README.md) at capacity_blocks
-  uint64_t payload_mismatches = 0;     // fetched bytes that differ from the block's generated payload
-  uint64_t checksum_failures = 0;      // blocks the client discarded because their checksum failed
-  uint64_t client_errors = 0;          // client calls that returned an error status
-  uint64_t misses_from_errors = 0;     // blocks turned into misses because an owner failed (client count)
-  uint64_t put_errors = 0;             // blocks whose put failed because an owner failed
-  uint64_t put_rejected = 0;           // blocks refused for lack of space (RESOURCE_EXHAUSTED)
+  uint64_t hit_tokens = 0;          // sum of min(hit blocks x block_tokens, input_length)
+  uint64_t lru_sim_hit_blocks = 0;  // the reference LRU (data/README.md) at capacity_blocks
+  uint64_t payload_mismatches = 0;  // fetched bytes that differ from the block's generated payload
+  uint64_t checksum_failures = 0;   // blocks the client discarded because their checksum failed
+  uint64_t client_errors = 0;       // client calls that returned an error status
+  uint64_t misses_from_errors = 0;  // blocks turned into misses because an owner failed (client count)
+  uint64_t put_errors = 0;          // blocks whose put failed because an owner failed
+  uint64_t put_rejected = 0;        // blocks refused for lack of space (RESOURCE_EXHAUSTED)
   uint64_t bytes_fetched = 0;
   uint64_t bytes_stored = 0;
   double duration_s = 0;
   LatencySummary lookup_ms, get_ms, put_ms;
-  std::vector<WindowReport> windows;   // options.report_interval_requests > 0 only
-  double ttft_no_cache_mean_s = 0;     // PrefillModel estimates
+  std::vector<WindowReport> windows;  // options.report_interval_requests > 0 only
+  double ttft_no_cache_mean_s = 0;    // PrefillModel estimates
   double ttft_cached_mean_s = 0;
 
   double block_hit_ratio() const { return blocks ? double(hit_blocks) / double(blocks) : 0; }

@@ -31,8 +31,8 @@ absl::StatusOr<std::vector<TraceRequest>> LoadMooncakeTrace(const std::string& p
     const nlohmann::json* ts = field("timestamp");
     const nlohmann::json* in_len = field("input_length");
     const nlohmann::json* ids = field("hash_ids");
-    if (ts == nullptr || !ts->is_number() || in_len == nullptr || !in_len->is_number_unsigned() ||
-        ids == nullptr || !ids->is_array()) {
+    if (ts == nullptr || !ts->is_number() || in_len == nullptr || !in_len->is_number_unsigned() || ids == nullptr ||
+        !ids->is_array()) {
       return absl::InvalidArgumentError(
           absl::StrCat(path, ":", line_no, ": needs timestamp, input_length (>= 0) and hash_ids (array)"));
     }

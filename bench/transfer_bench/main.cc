@@ -73,13 +73,13 @@ struct Row {
   std::string operation;  // get | put | copy | tag_bw
   uint64_t block_bytes = 0;
   uint32_t batch = 0;
-  double gbps = 0;        // 10^9 bytes/s, total bytes / total time
-  double p50_us = 0;      // per call
+  double gbps = 0;    // 10^9 bytes/s, total bytes / total time
+  double p50_us = 0;  // per call
   double p99_us = 0;
   int calls = 0;
   std::string note;
-  int passes = 1;         // passes measured; the row is the median one
-  double gbps_min = 0;    // over the passes
+  int passes = 1;       // passes measured; the row is the median one
+  double gbps_min = 0;  // over the passes
   double gbps_max = 0;
 };
 
@@ -108,7 +108,8 @@ int Iterations(uint64_t bytes_per_call) {
 }
 
 // A child process: argv[0] with `args`, extra environment `env` ("K=V"), stderr to `log`.
-pid_t Spawn(const std::vector<std::string>& argv_in, const std::vector<std::string>& env_extra, const std::string& log) {
+pid_t Spawn(const std::vector<std::string>& argv_in, const std::vector<std::string>& env_extra,
+            const std::string& log) {
   std::vector<std::string> args = argv_in;
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
@@ -185,8 +186,12 @@ Namespace BenchNamespace(uint64_t bytes) {
   Namespace ns;
   ns.tenant = "bench";
   ns.model = absl::StrCat("transfer-", bytes);
-  ns.layout = {.kind = kvtier::LayoutKind::kMla, .dtype = kvtier::DType::kFp8E4m3, .num_layers = 1,
-               .latent_dim = static_cast<uint32_t>(bytes), .block_tokens = 1, .tp_size = 1};
+  ns.layout = {.kind = kvtier::LayoutKind::kMla,
+               .dtype = kvtier::DType::kFp8E4m3,
+               .num_layers = 1,
+               .latent_dim = static_cast<uint32_t>(bytes),
+               .block_tokens = 1,
+               .tp_size = 1};
   return ns;
 }
 
@@ -249,9 +254,13 @@ void MeasureClient(Client& client, const std::string& path, const std::string& t
   rows.push_back(get);
 }
 
+// Where MeasureMemcpy leaves the checksums it computed, so that the compiler cannot drop them.
+volatile uint64_t g_checksums_seen = 0;
+
 // memcpy of `batch` blocks per call from a 1 GiB arena (cold, as the server's slots are), and the
 // client's check of the copied blocks (BlockChecksum of each right after its copy, as a get checks a block
 // right after it landed): the CPU a get spends beyond moving bytes.
+
 void MeasureMemcpy(uint64_t block, uint32_t batch, std::vector<Row>& rows) {
   const uint64_t arena_bytes = std::max<uint64_t>(1ULL << 30, 2 * block * batch);
   std::vector<std::byte> arena(arena_bytes);
@@ -280,14 +289,13 @@ void MeasureMemcpy(uint64_t block, uint32_t batch, std::vector<Row>& rows) {
       check_us.push_back(absl::ToDoubleMicroseconds(check));
     }
   }
-  rows.push_back(Summarize({.path = "local", .transport = "memcpy", .operation = "copy", .block_bytes = block,
-                            .batch = batch},
-                           copy_us, block * batch));
-  rows.push_back(Summarize({.path = "local", .transport = "xxh3", .operation = "check", .block_bytes = block,
-                            .batch = batch},
-                           check_us, block * batch));
-  static volatile uint64_t checksums_seen;
-  checksums_seen = sink;  // the checksums are used
+  rows.push_back(
+      Summarize({.path = "local", .transport = "memcpy", .operation = "copy", .block_bytes = block, .batch = batch},
+                copy_us, block * batch));
+  rows.push_back(
+      Summarize({.path = "local", .transport = "xxh3", .operation = "check", .block_bytes = block, .batch = batch},
+                check_us, block * batch));
+  g_checksums_seen = sink;  // the checksums are used
 }
 
 // ucx_perftest tag_bw between two processes over the path's UCX_TLS, in UCX's default (none) error mode,
@@ -361,10 +369,10 @@ void MeasureRedis(const std::string& binary, uint64_t block, uint32_t batch, std
   pid_t pid = -1;
   for (int attempt = 0; attempt < 5 && c == nullptr; ++attempt) {
     const int port = 21000 + static_cast<int>((getpid() * 7 + attempt * 131 + block / 4096 + batch) % 20000);
-    pid = Spawn({binary, "--port", std::to_string(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-                 "--dir", dir, "--protected-mode", "no", "--proto-max-bulk-len", "1gb",
-                 "--client-query-buffer-limit", "1gb"},
-                {}, dir + "/redis.log");
+    pid = Spawn(
+        {binary, "--port", std::to_string(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir",
+         dir, "--protected-mode", "no", "--proto-max-bulk-len", "1gb", "--client-query-buffer-limit", "1gb"},
+        {}, dir + "/redis.log");
     for (int i = 0; i < 200 && c == nullptr; ++i) {
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
       redisContext* t = redisConnect("127.0.0.1", port);
@@ -428,8 +436,8 @@ void MeasureRedis(const std::string& binary, uint64_t block, uint32_t batch, std
                       us, block * batch);
   for (uint32_t b = 0; b < batch; ++b) {  // the GET keys
     const std::string key = absl::StrCat(0, ":", b);
-    redisReply* r = static_cast<redisReply*>(redisCommand(c, "SET %b %b", key.data(), key.size(),
-                                                          values[b].data(), values[b].size()));
+    redisReply* r = static_cast<redisReply*>(
+        redisCommand(c, "SET %b %b", key.data(), key.size(), values[b].data(), values[b].size()));
     if (r != nullptr) freeReplyObject(r);
   }
   if (failed > 0) put.note = absl::StrCat(failed, " SET replies failed");
@@ -466,7 +474,7 @@ struct BenchPlan {
   std::vector<uint64_t> batches;
   std::string perftest;  // empty: no UCX limit
   bool do_memcpy = true;
-  std::string redis;     // empty: no Redis baseline
+  std::string redis;  // empty: no Redis baseline
   std::string server;
   uint64_t host_bytes = 0;
 };
@@ -495,8 +503,8 @@ bool MeasureOnce(const BenchPlan& plan, std::vector<Row>& rows, bool& ok) {
     std::vector<std::pair<std::string, std::string>> transports = {{"ucx", UcxTls(path)}};
     if (absl::GetFlag(FLAGS_grpc) && path == paths.front()) transports.push_back({"grpc", ""});  // same on both
     for (const auto& [transport, tls] : transports) {
-      auto client = Client::Connect({.members = {address}, .rpc_timeout = absl::Seconds(30), .transport = transport,
-                                     .ucx_transports = tls});
+      auto client = Client::Connect(
+          {.members = {address}, .rpc_timeout = absl::Seconds(30), .transport = transport, .ucx_transports = tls});
       if (!client.ok()) {
         std::fprintf(stderr, "transfer_bench: %s\n", std::string(client.status().message()).c_str());
         return false;
@@ -561,8 +569,9 @@ std::vector<Row> MedianRows(const std::vector<std::vector<Row>>& passes) {
 }
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage("Batched get/put throughput of kvtier over UCX and gRPC, next to memcpy and "
-                               "ucx_perftest. See bench/README.md.");
+  absl::SetProgramUsageMessage(
+      "Batched get/put throughput of kvtier over UCX and gRPC, next to memcpy and "
+      "ucx_perftest. See bench/README.md.");
   absl::ParseCommandLine(argc, argv);
   setenv("UCX_NET_DEVICES", "lo", /*overwrite=*/0);  // stay on 127.0.0.1 (TOOLCHAIN.md pitfall 6)
   std::signal(SIGPIPE, SIG_IGN);
@@ -597,8 +606,14 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  const BenchPlan plan{.paths = paths, .blocks = blocks, .batches = batches, .perftest = perftest,
-                       .do_memcpy = do_memcpy, .redis = redis, .server = server, .host_bytes = host_bytes};
+  const BenchPlan plan{.paths = paths,
+                       .blocks = blocks,
+                       .batches = batches,
+                       .perftest = perftest,
+                       .do_memcpy = do_memcpy,
+                       .redis = redis,
+                       .server = server,
+                       .host_bytes = host_bytes};
   // Every pass measures every row once, limits included, so that a limit and the row compared with it
   // alternate; each row reports its median pass (a loaded or noisy machine moves single passes by 20%).
   const int repeat = std::max(1, absl::GetFlag(FLAGS_repeat));
@@ -621,10 +636,10 @@ int main(int argc, char** argv) {
   }
   nlohmann::json out = nlohmann::json::array();
   for (const Row& r : rows) {
-    nlohmann::json j = {{"path", r.path},       {"transport", r.transport}, {"operation", r.operation},
-                        {"block_bytes", r.block_bytes}, {"batch", r.batch}, {"gbps", r.gbps},
-                        {"p50_us", r.p50_us},   {"p99_us", r.p99_us},       {"calls", r.calls},
-                        {"passes", r.passes},   {"gbps_min", r.gbps_min},   {"gbps_max", r.gbps_max}};
+    nlohmann::json j = {
+        {"path", r.path},   {"transport", r.transport}, {"operation", r.operation}, {"block_bytes", r.block_bytes},
+        {"batch", r.batch}, {"gbps", r.gbps},           {"p50_us", r.p50_us},       {"p99_us", r.p99_us},
+        {"calls", r.calls}, {"passes", r.passes},       {"gbps_min", r.gbps_min},   {"gbps_max", r.gbps_max}};
     if (auto it = perf.find({r.path, r.block_bytes}); it != perf.end() && r.transport == "ucx" && it->second > 0) {
       j["ratio_to_ucx_perftest"] = r.gbps / it->second;
     }
@@ -644,21 +659,19 @@ int main(int argc, char** argv) {
     std::printf("%-5s %-12s %-6s %10s %5s %8s %12s %10s %10s %8s %8s %8s  %s\n", "path", "transport", "op", "block",
                 "batch", "GB/s", "min-max", "p50_us", "p99_us", "/perf", "/memcpy", "/redis", "note");
     for (const auto& j : out) {
-      std::printf("%-5s %-12s %-6s %10llu %5u %8.2f %12s %10.1f %10.1f %8s %8s %8s  %s\n",
-                  j["path"].get<std::string>().c_str(), j["transport"].get<std::string>().c_str(),
-                  j["operation"].get<std::string>().c_str(),
-                  static_cast<unsigned long long>(j["block_bytes"].get<uint64_t>()), j["batch"].get<uint32_t>(),
-                  j["gbps"].get<double>(),
-                  absl::StrFormat("%.2f-%.2f", j["gbps_min"].get<double>(), j["gbps_max"].get<double>()).c_str(),
-                  j["p50_us"].get<double>(), j["p99_us"].get<double>(),
-                  j.contains("ratio_to_ucx_perftest")
-                      ? absl::StrFormat("%.2f", j["ratio_to_ucx_perftest"].get<double>()).c_str()
-                      : "-",
-                  j.contains("ratio_to_memcpy") ? absl::StrFormat("%.2f", j["ratio_to_memcpy"].get<double>()).c_str()
-                                                : "-",
-                  j.contains("ratio_to_redis") ? absl::StrFormat("%.2f", j["ratio_to_redis"].get<double>()).c_str()
-                                               : "-",
-                  j.contains("note") ? j["note"].get<std::string>().c_str() : "");
+      std::printf(
+          "%-5s %-12s %-6s %10llu %5u %8.2f %12s %10.1f %10.1f %8s %8s %8s  %s\n", j["path"].get<std::string>().c_str(),
+          j["transport"].get<std::string>().c_str(), j["operation"].get<std::string>().c_str(),
+          static_cast<unsigned long long>(j["block_bytes"].get<uint64_t>()), j["batch"].get<uint32_t>(),
+          j["gbps"].get<double>(),
+          absl::StrFormat("%.2f-%.2f", j["gbps_min"].get<double>(), j["gbps_max"].get<double>()).c_str(),
+          j["p50_us"].get<double>(), j["p99_us"].get<double>(),
+          j.contains("ratio_to_ucx_perftest")
+              ? absl::StrFormat("%.2f", j["ratio_to_ucx_perftest"].get<double>()).c_str()
+              : "-",
+          j.contains("ratio_to_memcpy") ? absl::StrFormat("%.2f", j["ratio_to_memcpy"].get<double>()).c_str() : "-",
+          j.contains("ratio_to_redis") ? absl::StrFormat("%.2f", j["ratio_to_redis"].get<double>()).c_str() : "-",
+          j.contains("note") ? j["note"].get<std::string>().c_str() : "");
     }
   }
   for (const Row& r : rows) ok &= r.note.empty() || r.transport == "ucx_perftest";

@@ -62,9 +62,10 @@ absl::StatusOr<std::unique_ptr<BlockStore>> BlockStore::Create(const BlockStoreO
   if (!disk_policy.ok()) return disk_policy.status();
   store->disk_policy_ = std::move(disk_policy).value();
   if (options.hbm_memory != nullptr) {
-    auto hbm_alloc = SlabAllocator::Create({.capacity_bytes = options.hbm_memory->size_bytes(),
-                                            .slab_bytes = std::min(options.slab_bytes, options.hbm_memory->size_bytes()),
-                                            .map_region = false});
+    auto hbm_alloc =
+        SlabAllocator::Create({.capacity_bytes = options.hbm_memory->size_bytes(),
+                               .slab_bytes = std::min(options.slab_bytes, options.hbm_memory->size_bytes()),
+                               .map_region = false});
     if (!hbm_alloc.ok()) return hbm_alloc.status();
     store->hbm_allocator_ = std::move(hbm_alloc).value();
     auto hbm_policy = NewEvictionPolicy(options.eviction_policy, policy_options);
@@ -85,8 +86,11 @@ absl::StatusOr<std::unique_ptr<BlockStore>> BlockStore::Create(const BlockStoreO
 absl::Status BlockStore::RecoverDiskLocked() {
   std::vector<std::pair<BlockKey, DiskBlockMeta>> found;
   uint64_t bad = 0;
-  KVTIER_RETURN_IF_ERROR(disk_->ForEach([&](const BlockKey& k, const DiskBlockMeta& m) { found.push_back({k, m}); },
-                                        &bad));
+  KVTIER_RETURN_IF_ERROR(disk_->ForEach(
+      [&](const BlockKey& k, const DiskBlockMeta& m) {
+        found.push_back({k, m});
+      },
+      &bad));
   stats_.disk_errors.fetch_add(bad, std::memory_order_relaxed);
   // Deeper blocks first, so that the shallow ones (the most shared) end up most recent.
   std::sort(found.begin(), found.end(), [](const auto& a, const auto& b) { return a.second.depth > b.second.depth; });
@@ -183,8 +187,12 @@ void BlockStore::DemoteOrDropLocked(EntryHandle h) {
     EraseEntryLocked(h);
     return;
   }
-  const DiskBlockMeta meta{.namespace_id = e.namespace_id, .tenant_id = e.tenant_id, .size_bytes = e.size_bytes,
-                           .checksum = e.checksum, .depth = e.depth, .access_count = e.access_count};
+  const DiskBlockMeta meta{.namespace_id = e.namespace_id,
+                           .tenant_id = e.tenant_id,
+                           .size_bytes = e.size_bytes,
+                           .checksum = e.checksum,
+                           .depth = e.depth,
+                           .access_count = e.access_count};
   const std::span<const std::byte> bytes(allocator_->Data(e.slot), e.size_bytes);
   // The checksum is verified whenever a block moves between tiers, so memory corruption never reaches disk.
   if (BlockChecksum(bytes.data(), bytes.size()) != e.checksum) {
@@ -212,8 +220,12 @@ void BlockStore::DemoteOrDropLocked(EntryHandle h) {
 
 bool BlockStore::LoadFromDiskLocked(EntryHandle h, std::vector<std::byte>* owned) {
   Entry& e = entries_[h];
-  const DiskBlockMeta meta{.namespace_id = e.namespace_id, .tenant_id = e.tenant_id, .size_bytes = e.size_bytes,
-                           .checksum = e.checksum, .depth = e.depth, .access_count = e.access_count};
+  const DiskBlockMeta meta{.namespace_id = e.namespace_id,
+                           .tenant_id = e.tenant_id,
+                           .size_bytes = e.size_bytes,
+                           .checksum = e.checksum,
+                           .depth = e.depth,
+                           .access_count = e.access_count};
   std::optional<SlotRef> slot;
   if (options_.promote_on_hit) {
     const uint64_t slot_bytes = allocator_->SlotBytes(e.size_bytes);
@@ -488,10 +500,17 @@ BlockStore::LookupResult BlockStore::Lookup(const NamespaceRef& ns, std::span<co
 }
 
 BlockStore::BlockInfo BlockStore::InfoOf(const Entry& e) const {
-  return BlockInfo{.key = e.key, .namespace_id = e.namespace_id, .tenant_id = e.tenant_id, .tier = e.tier,
-                   .size_bytes = e.size_bytes, .checksum = e.checksum, .depth = e.depth,
-                   .access_count = e.access_count, .lease_count = e.lease_count,
-                   .inserted = absl::FromUnixNanos(e.inserted_ns), .last_access = absl::FromUnixNanos(e.last_access_ns)};
+  return BlockInfo{.key = e.key,
+                   .namespace_id = e.namespace_id,
+                   .tenant_id = e.tenant_id,
+                   .tier = e.tier,
+                   .size_bytes = e.size_bytes,
+                   .checksum = e.checksum,
+                   .depth = e.depth,
+                   .access_count = e.access_count,
+                   .lease_count = e.lease_count,
+                   .inserted = absl::FromUnixNanos(e.inserted_ns),
+                   .last_access = absl::FromUnixNanos(e.last_access_ns)};
 }
 
 bool BlockStore::Matches(const Entry& e, const BlockFilter& f) {
@@ -573,8 +592,12 @@ BlockStore::VerifyResult BlockStore::Verify(const std::function<void(uint64_t, u
       ok = ReadHbmLocked(e, &buffer);
     } else {
       buffer.resize(e.size_bytes);
-      const DiskBlockMeta meta{.namespace_id = e.namespace_id, .tenant_id = e.tenant_id, .size_bytes = e.size_bytes,
-                               .checksum = e.checksum, .depth = e.depth, .access_count = e.access_count};
+      const DiskBlockMeta meta{.namespace_id = e.namespace_id,
+                               .tenant_id = e.tenant_id,
+                               .size_bytes = e.size_bytes,
+                               .checksum = e.checksum,
+                               .depth = e.depth,
+                               .access_count = e.access_count};
       ok = disk_->Get(e.key, meta, buffer).ok();
     }
     ++result.checked;
@@ -586,8 +609,9 @@ BlockStore::VerifyResult BlockStore::Verify(const std::function<void(uint64_t, u
         (e.tier == Tier::kHost ? stats_.checksum_failures : stats_.disk_checksum_failures)
             .fetch_add(1, std::memory_order_relaxed);
       }
-      if (e.lease_count == 0) EraseEntryLocked(h);  // a leased one is already in a reader's hands; the
-                                                      // reader's own checksum check rejects it
+      if (e.lease_count == 0)
+        EraseEntryLocked(h);  // a leased one is already in a reader's hands; the
+                              // reader's own checksum check rejects it
     }
     if (progress && result.checked % 256 == 0) progress(result.checked, keys.size());
   }
@@ -642,19 +666,21 @@ BlockAccess BlockStore::AccessOf(const Entry& e) const {
   // A stable per-block hash for policies that remember evicted blocks: the fingerprint's ring position
   // mixed with the shard, never 0.
   const uint64_t key_hash = (e.key.fingerprint.RingPosition() ^ (uint64_t{e.key.shard} * 0x9e3779b97f4a7c15ULL)) | 1;
-  return BlockAccess{.depth = e.depth, .namespace_id = e.namespace_id, .size_bytes = e.size_bytes,
-                     .now_ns = absl::ToUnixNanos(clock_->Now()), .key_hash = key_hash};
+  return BlockAccess{.depth = e.depth,
+                     .namespace_id = e.namespace_id,
+                     .size_bytes = e.size_bytes,
+                     .now_ns = absl::ToUnixNanos(clock_->Now()),
+                     .key_hash = key_hash};
 }
 
-absl::StatusOr<BlockStore::AllocateResult> BlockStore::Allocate(const NamespaceRef& ns,
-                                                                std::span<const BlockKey> keys,
+absl::StatusOr<BlockStore::AllocateResult> BlockStore::Allocate(const NamespaceRef& ns, std::span<const BlockKey> keys,
                                                                 std::span<const uint32_t> depths) {
   if (!depths.empty() && depths.size() != keys.size()) {
     return absl::InvalidArgumentError(absl::StrCat(depths.size(), " depths for ", keys.size(), " keys"));
   }
   if (ns.block_bytes == 0 || ns.block_bytes > options_.slab_bytes) {
-    return absl::InvalidArgumentError(absl::StrCat("block is ", ns.block_bytes, " bytes; this server accepts 1..",
-                                                   options_.slab_bytes));
+    return absl::InvalidArgumentError(
+        absl::StrCat("block is ", ns.block_bytes, " bytes; this server accepts 1..", options_.slab_bytes));
   }
   AllocateResult result;
   result.outcomes.resize(keys.size(), AllocateOutcome::kNoSpace);
@@ -745,20 +771,20 @@ absl::Status BlockStore::Write(uint64_t reservation_id, uint32_t index, uint64_t
     }
     Reservation& r = it->second;
     if (index >= r.entries.size() || r.entries[index] == kNoEntry) {
-      return absl::InvalidArgumentError(absl::StrCat("block ", index, " was not allocated in reservation ",
-                                                     reservation_id));
+      return absl::InvalidArgumentError(
+          absl::StrCat("block ", index, " was not allocated in reservation ", reservation_id));
     }
     const Entry& e = entries_[r.entries[index]];
     if (r.receiving[index] != 0) {
       return absl::FailedPreconditionError(absl::StrCat("block ", index, " is being received by another transfer"));
     }
     if (offset != r.written[index]) {
-      return absl::InvalidArgumentError(absl::StrCat("block ", index, ": chunk at offset ", offset,
-                                                     ", expected ", r.written[index]));
+      return absl::InvalidArgumentError(
+          absl::StrCat("block ", index, ": chunk at offset ", offset, ", expected ", r.written[index]));
     }
     if (data.size() > e.size_bytes - offset) {
-      return absl::InvalidArgumentError(absl::StrCat("block ", index, ": ", offset + data.size(),
-                                                     " bytes written, block is ", e.size_bytes));
+      return absl::InvalidArgumentError(
+          absl::StrCat("block ", index, ": ", offset + data.size(), " bytes written, block is ", e.size_bytes));
     }
     dst = allocator_->Data(e.slot) + offset;
     r.written[index] += data.size();
@@ -789,8 +815,7 @@ absl::StatusOr<std::vector<CommitOutcome>> BlockStore::Commit(uint64_t reservati
     }
     Reservation& r = it->second;
     if (checksums.size() != r.entries.size()) {
-      return absl::InvalidArgumentError(absl::StrCat(checksums.size(), " checksums for ", r.entries.size(),
-                                                     " keys"));
+      return absl::InvalidArgumentError(absl::StrCat(checksums.size(), " checksums for ", r.entries.size(), " keys"));
     }
     if (r.pins > 0) return absl::FailedPreconditionError("writes to the reservation are still in flight");
     outcomes.resize(r.entries.size(), CommitOutcome::kNotAllocated);
@@ -805,8 +830,8 @@ absl::StatusOr<std::vector<CommitOutcome>> BlockStore::Commit(uint64_t reservati
       if (r.received_checksum[i].has_value()) continue;  // hashed as it landed (FinishReceive)
       blocks[i] = {allocator_->Data(e.slot), e.size_bytes};
     }
-    ++r.pins;      // hashing runs unlocked; the pin keeps the slots
-    r.dead = true; // no further writes; expiry leaves it to us
+    ++r.pins;       // hashing runs unlocked; the pin keeps the slots
+    r.dead = true;  // no further writes; expiry leaves it to us
   }
   std::vector<uint64_t> actual(blocks.size(), 0);
   for (size_t i = 0; i < blocks.size(); ++i) {
@@ -933,9 +958,8 @@ BlockStore::ReadLease BlockStore::AcquireRead(const NamespaceRef& ns, std::span<
   return result;
 }
 
-absl::StatusOr<BlockStore::HbmLease> BlockStore::AcquireHbmRead(const NamespaceRef& ns,
-                                                               std::span<const BlockKey> keys,
-                                                               absl::Duration lease_ttl) {
+absl::StatusOr<BlockStore::HbmLease> BlockStore::AcquireHbmRead(const NamespaceRef& ns, std::span<const BlockKey> keys,
+                                                                absl::Duration lease_ttl) {
   if (hbm_memory_ == nullptr) return absl::FailedPreconditionError("this server has no HBM tier");
   HbmLease result;
   result.blocks.resize(keys.size());
@@ -1102,12 +1126,12 @@ absl::StatusOr<BlockStore::PinnedBlock> BlockStore::PinForReceive(uint64_t reser
   }
   Reservation& r = it->second;
   if (index >= r.entries.size() || r.entries[index] == kNoEntry) {
-    return absl::InvalidArgumentError(absl::StrCat("block ", index, " was not allocated in reservation ",
-                                                   reservation_id));
+    return absl::InvalidArgumentError(
+        absl::StrCat("block ", index, " was not allocated in reservation ", reservation_id));
   }
   if (r.receiving[index] != 0 || r.written[index] != 0) {
-    return absl::FailedPreconditionError(absl::StrCat("block ", index, " of reservation ", reservation_id,
-                                                      " is already being received or written"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("block ", index, " of reservation ", reservation_id, " is already being received or written"));
   }
   const Entry& e = entries_[r.entries[index]];
   r.receiving[index] = 1;
@@ -1151,8 +1175,12 @@ std::vector<EventBlockInfo> BlockStore::SnapshotForEvents(const std::function<vo
 }
 
 EventBlockInfo BlockStore::EventInfoOf(const Entry& e) const {
-  return EventBlockInfo{.key = e.key, .namespace_id = e.namespace_id, .tenant_id = e.tenant_id, .tier = e.tier,
-                        .depth = e.depth, .size_bytes = e.size_bytes};
+  return EventBlockInfo{.key = e.key,
+                        .namespace_id = e.namespace_id,
+                        .tenant_id = e.tenant_id,
+                        .tier = e.tier,
+                        .depth = e.depth,
+                        .size_bytes = e.size_bytes};
 }
 
 void BlockStore::RestateToSinkLocked() {

@@ -19,8 +19,7 @@ CacheServiceImpl::CacheServiceImpl(const ServerOptions& options, BlockStore& sto
     : options_(options), store_(store), metrics_(metrics), namespaces_(namespaces), auth_(auth) {}
 
 absl::StatusOr<CacheServiceImpl::Parsed> CacheServiceImpl::Parse(const grpc::ServerContext& ctx,
-                                                                 const v1::Namespace& pns,
-                                                                 const v1::BlockKeys& pkeys) {
+                                                                 const v1::Namespace& pns, const v1::BlockKeys& pkeys) {
   Principal who;
   if (grpc::Status s = auth_.Authenticate(ctx, &who); !s.ok()) return wire::FromGrpc(s);
   return ParseFor(who, pns, pkeys);
@@ -31,7 +30,8 @@ absl::StatusOr<CacheServiceImpl::Parsed> CacheServiceImpl::ParseFor(const Princi
   auto ns = wire::FromProto(pns);
   if (!ns.ok()) return ns.status();
   // A worker touches only its own tenant's namespaces; checked before the namespace is remembered.
-  if (grpc::Status s = auth_.CheckTenant(who, TenantId(ns->tenant), absl::StrCat("namespace.tenant \"", ns->tenant, "\""));
+  if (grpc::Status s =
+          auth_.CheckTenant(who, TenantId(ns->tenant), absl::StrCat("namespace.tenant \"", ns->tenant, "\""));
       !s.ok()) {
     return wire::FromGrpc(s);
   }
@@ -66,7 +66,8 @@ grpc::Status CacheServiceImpl::Finish(const char* method, absl::Time start, cons
   return status;
 }
 
-grpc::Status CacheServiceImpl::Lookup(grpc::ServerContext* ctx, const v1::LookupRequest* req, v1::LookupResponse* resp) {
+grpc::Status CacheServiceImpl::Lookup(grpc::ServerContext* ctx, const v1::LookupRequest* req,
+                                      v1::LookupResponse* resp) {
   const absl::Time start = absl::Now();
   auto p = Parse(*ctx, req->namespace_(), req->keys());
   if (!p.ok()) return Finish("Lookup", start, wire::ToGrpc(p.status()));
@@ -88,9 +89,9 @@ grpc::Status CacheServiceImpl::Allocate(grpc::ServerContext* ctx, const v1::Allo
   auto p = Parse(*ctx, req->namespace_(), req->keys());
   if (!p.ok()) return Finish("Allocate", start, wire::ToGrpc(p.status()));
   if (req->depths_size() != 0 && static_cast<size_t>(req->depths_size()) != p->keys.size()) {
-    return Finish("Allocate", start, grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                                                  absl::StrCat("depths: ", req->depths_size(), " for ",
-                                                               p->keys.size(), " keys")));
+    return Finish("Allocate", start,
+                  grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                               absl::StrCat("depths: ", req->depths_size(), " for ", p->keys.size(), " keys")));
   }
   const std::vector<uint32_t> depths(req->depths().begin(), req->depths().end());
   // A caller that has given up (deadline passed while the request waited, e.g. in a stopped process)
@@ -107,10 +108,18 @@ grpc::Status CacheServiceImpl::Allocate(grpc::ServerContext* ctx, const v1::Allo
   resp->set_reservation_ttl_ms(static_cast<uint32_t>(absl::ToInt64Milliseconds(r->ttl)));
   for (AllocateOutcome o : r->outcomes) {
     switch (o) {
-      case AllocateOutcome::kAllocated: resp->add_results(v1::ALLOCATE_RESULT_ALLOCATED); break;
-      case AllocateOutcome::kAlreadyPresent: resp->add_results(v1::ALLOCATE_RESULT_ALREADY_PRESENT); break;
-      case AllocateOutcome::kInProgress: resp->add_results(v1::ALLOCATE_RESULT_IN_PROGRESS); break;
-      case AllocateOutcome::kNoSpace: resp->add_results(v1::ALLOCATE_RESULT_NO_SPACE); break;
+      case AllocateOutcome::kAllocated:
+        resp->add_results(v1::ALLOCATE_RESULT_ALLOCATED);
+        break;
+      case AllocateOutcome::kAlreadyPresent:
+        resp->add_results(v1::ALLOCATE_RESULT_ALREADY_PRESENT);
+        break;
+      case AllocateOutcome::kInProgress:
+        resp->add_results(v1::ALLOCATE_RESULT_IN_PROGRESS);
+        break;
+      case AllocateOutcome::kNoSpace:
+        resp->add_results(v1::ALLOCATE_RESULT_NO_SPACE);
+        break;
     }
   }
   return Finish("Allocate", start, grpc::Status::OK);
@@ -134,9 +143,9 @@ grpc::Status CacheServiceImpl::WriteBlocks(grpc::ServerContext* ctx, grpc::Serve
       authorized_id = chunk.reservation_id();
     }
     const std::string& data = chunk.data();
-    absl::Status s = store_.Write(chunk.reservation_id(), chunk.index(), chunk.offset(),
-                                  std::span<const std::byte>(reinterpret_cast<const std::byte*>(data.data()),
-                                                             data.size()));
+    absl::Status s =
+        store_.Write(chunk.reservation_id(), chunk.index(), chunk.offset(),
+                     std::span<const std::byte>(reinterpret_cast<const std::byte*>(data.data()), data.size()));
     if (!s.ok()) {
       metrics_.CountTransfer(ServerMetrics::Direction::kWrite, ServerMetrics::Transport::kGrpc, written);
       return Finish("WriteBlocks", start, wire::ToGrpc(s));
@@ -148,7 +157,8 @@ grpc::Status CacheServiceImpl::WriteBlocks(grpc::ServerContext* ctx, grpc::Serve
   return Finish("WriteBlocks", start, grpc::Status::OK);
 }
 
-grpc::Status CacheServiceImpl::Commit(grpc::ServerContext* ctx, const v1::CommitRequest* req, v1::CommitResponse* resp) {
+grpc::Status CacheServiceImpl::Commit(grpc::ServerContext* ctx, const v1::CommitRequest* req,
+                                      v1::CommitResponse* resp) {
   const absl::Time start = absl::Now();
   if (grpc::Status s = AuthorizeReservation(*ctx, req->reservation_id()); !s.ok()) return Finish("Commit", start, s);
   std::vector<uint64_t> sums(req->checksums().begin(), req->checksums().end());
@@ -156,10 +166,18 @@ grpc::Status CacheServiceImpl::Commit(grpc::ServerContext* ctx, const v1::Commit
   if (!r.ok()) return Finish("Commit", start, wire::ToGrpc(r.status()));
   for (CommitOutcome o : *r) {
     switch (o) {
-      case CommitOutcome::kCommitted: resp->add_results(v1::COMMIT_RESULT_COMMITTED); break;
-      case CommitOutcome::kChecksumMismatch: resp->add_results(v1::COMMIT_RESULT_CHECKSUM_MISMATCH); break;
-      case CommitOutcome::kIncomplete: resp->add_results(v1::COMMIT_RESULT_INCOMPLETE); break;
-      case CommitOutcome::kNotAllocated: resp->add_results(v1::COMMIT_RESULT_NOT_ALLOCATED); break;
+      case CommitOutcome::kCommitted:
+        resp->add_results(v1::COMMIT_RESULT_COMMITTED);
+        break;
+      case CommitOutcome::kChecksumMismatch:
+        resp->add_results(v1::COMMIT_RESULT_CHECKSUM_MISMATCH);
+        break;
+      case CommitOutcome::kIncomplete:
+        resp->add_results(v1::COMMIT_RESULT_INCOMPLETE);
+        break;
+      case CommitOutcome::kNotAllocated:
+        resp->add_results(v1::COMMIT_RESULT_NOT_ALLOCATED);
+        break;
     }
   }
   return Finish("Commit", start, grpc::Status::OK);
@@ -183,7 +201,8 @@ grpc::Status CacheServiceImpl::Read(grpc::ServerContext* ctx, const v1::ReadRequ
     v1::ReadResponse head;
     for (size_t i = 0; i < p->keys.size(); ++i) head.add_blocks()->set_present(false);
     const bool sent = writer->Write(head);
-    return Finish("Read", start, sent ? grpc::Status::OK : grpc::Status(grpc::StatusCode::CANCELLED, "client went away"));
+    return Finish("Read", start,
+                  sent ? grpc::Status::OK : grpc::Status(grpc::StatusCode::CANCELLED, "client went away"));
   }
   BlockStore::ReadLease lease = store_.AcquireRead(p->ns, p->keys, absl::Milliseconds(req->lease_ms()));
   v1::ReadResponse head;

@@ -25,8 +25,7 @@ class CacheServiceImpl final : public v1::CacheService::Service {
                    NamespaceRegistry& namespaces, const Authenticator& auth);
 
   grpc::Status Lookup(grpc::ServerContext* ctx, const v1::LookupRequest* req, v1::LookupResponse* resp) override;
-  grpc::Status Allocate(grpc::ServerContext* ctx, const v1::AllocateRequest* req,
-                        v1::AllocateResponse* resp) override;
+  grpc::Status Allocate(grpc::ServerContext* ctx, const v1::AllocateRequest* req, v1::AllocateResponse* resp) override;
   grpc::Status WriteBlocks(grpc::ServerContext* ctx, grpc::ServerReader<v1::WriteBlocksRequest>* reader,
                            v1::WriteBlocksResponse* resp) override;
   grpc::Status Commit(grpc::ServerContext* ctx, const v1::CommitRequest* req, v1::CommitResponse* resp) override;
@@ -72,8 +71,7 @@ class AdminServiceImpl final : public v1::AdminService::Service {
                    const NamespaceRegistry& namespaces, const Authenticator& auth);
 
   grpc::Status GetInfo(grpc::ServerContext* ctx, const v1::GetInfoRequest* req, v1::GetInfoResponse* resp) override;
-  grpc::Status GetStats(grpc::ServerContext* ctx, const v1::GetStatsRequest* req,
-                        v1::GetStatsResponse* resp) override;
+  grpc::Status GetStats(grpc::ServerContext* ctx, const v1::GetStatsRequest* req, v1::GetStatsResponse* resp) override;
 
   // The bound UCX port that GetInfo reports (0: no UCX). Set before the gRPC server starts.
   void set_ucx_port(int port) { ucx_port_.store(port, std::memory_order_release); }

@@ -55,8 +55,14 @@ class LruPolicy final : public EvictionPolicy {
     linked_[h] = true;
   }
   void Unlink(EntryHandle h) {
-    if (prev_[h] != kNil) next_[prev_[h]] = next_[h]; else head_ = next_[h];
-    if (next_[h] != kNil) prev_[next_[h]] = prev_[h]; else tail_ = prev_[h];
+    if (prev_[h] != kNil)
+      next_[prev_[h]] = next_[h];
+    else
+      head_ = next_[h];
+    if (next_[h] != kNil)
+      prev_[next_[h]] = prev_[h];
+    else
+      tail_ = prev_[h];
     prev_[h] = next_[h] = kNil;
     linked_[h] = false;
   }
@@ -91,13 +97,13 @@ absl::StatusOr<std::unique_ptr<EvictionPolicy>> NewEvictionPolicy(const std::str
 }
 
 absl::StatusOr<std::unique_ptr<EvictionPolicy>> NewEvictionPolicy(const std::string& name,
-                                                                   const EvictionPolicyOptions& options) {
+                                                                  const EvictionPolicyOptions& options) {
   if (absl::Status s = options.Validate(); !s.ok()) return s;
   if (name == "lru") return NewLruPolicy();
   if (name == "weighted") return NewWeightedPolicy(options);
   if (name == "prefix_lrfu") return NewPrefixLrfuPolicy();
-  return absl::InvalidArgumentError(absl::StrCat("eviction policy \"", name, "\" is unknown; known: ",
-                                                 absl::StrJoin(EvictionPolicyNames(), ", ")));
+  return absl::InvalidArgumentError(
+      absl::StrCat("eviction policy \"", name, "\" is unknown; known: ", absl::StrJoin(EvictionPolicyNames(), ", ")));
 }
 
 }  // namespace kvtier::server

@@ -92,7 +92,7 @@ class GroupStatsTable {
   const size_t capacity_;
   mutable std::mutex mu_;
   absl::flat_hash_map<uint64_t, GroupCounters> groups_;  // guarded by mu_
-  uint64_t untracked_lookups_ = 0;                        // guarded by mu_
+  uint64_t untracked_lookups_ = 0;                       // guarded by mu_
 };
 
 }  // namespace kvtier::server

@@ -19,18 +19,18 @@
 namespace kvtier::server {
 namespace {
 
-constexpr double kGapMultiple = 3.5;            // half-life = kGapMultiple x median reuse gap ...
-constexpr double kFadeExponent = 8;             // ... x 1 / (1 + (residence / that)^kFadeExponent)
-constexpr double kMaxCrf = 4;                   // the value used for ordering saturates here
-constexpr double kHistoryPerResident = 32;      // remembered evicted blocks per resident block
-constexpr size_t kMinHistory = 2048;            // ... but at least this many
-constexpr double kInitialHalfLife_s = 60;       // until the first reuse gaps are measured
+constexpr double kGapMultiple = 3.5;        // half-life = kGapMultiple x median reuse gap ...
+constexpr double kFadeExponent = 8;         // ... x 1 / (1 + (residence / that)^kFadeExponent)
+constexpr double kMaxCrf = 4;               // the value used for ordering saturates here
+constexpr double kHistoryPerResident = 32;  // remembered evicted blocks per resident block
+constexpr size_t kMinHistory = 2048;        // ... but at least this many
+constexpr double kInitialHalfLife_s = 60;   // until the first reuse gaps are measured
 constexpr double kMinHalfLife_s = 0.01;
 constexpr double kMaxHalfLife_s = 1e6;
 constexpr uint64_t kMinTouchesPerUpdate = 4096;  // the half-life is revisited this often (or per resident count)
-constexpr int kGapSampleShift = 4;              // the gap estimator follows 1 / 2^kGapSampleShift of the blocks
-constexpr size_t kMaxGapSamples = 65536;        // ... at most this many at a time
-constexpr double kGapWindow = 65536;            // gap samples per halving of the histogram
+constexpr int kGapSampleShift = 4;               // the gap estimator follows 1 / 2^kGapSampleShift of the blocks
+constexpr size_t kMaxGapSamples = 65536;         // ... at most this many at a time
+constexpr double kGapWindow = 65536;             // gap samples per halving of the histogram
 
 // Whether a block (by key hash, or by handle when no hash is given) is one the gap estimator follows.
 bool Sampled(uint64_t x) { return ((x * 0x9e3779b97f4a7c15ULL) >> (64 - kGapSampleShift)) == 0; }
@@ -102,9 +102,7 @@ class LrfuOrder {
     bool live = false;
   };
 
-  double OrderKey(const Crf& crf) const {
-    return std::log2(std::min(crf.value, kMaxCrf)) + crf.t_s / half_life_s_;
-  }
+  double OrderKey(const Crf& crf) const { return std::log2(std::min(crf.value, kMaxCrf)) + crf.t_s / half_life_s_; }
   Key KeyOf(uint32_t id) const {
     const Entry& e = entries_[id];
     return {e.key, e.inv_depth, e.seq, id};
@@ -216,7 +214,7 @@ class ReuseGapEstimator {
 
  private:
   static constexpr int kBinsPerOctave = 4;
-  static constexpr int kMinLog2 = -10;                // ~1 ms: shorter gaps land in the first bin
+  static constexpr int kMinLog2 = -10;               // ~1 ms: shorter gaps land in the first bin
   static constexpr int kBins = 30 * kBinsPerOctave;  // up to 2^20 s (12 days)
 
   absl::flat_hash_map<uint64_t, double> last_touch_s_;

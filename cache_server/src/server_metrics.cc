@@ -13,10 +13,11 @@ namespace kvtier::server {
 namespace {
 
 const char* CodeName(int code) {
-  static const char* kNames[] = {"OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED",
-                                 "NOT_FOUND", "ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED",
-                                 "FAILED_PRECONDITION", "ABORTED", "OUT_OF_RANGE", "UNIMPLEMENTED",
-                                 "INTERNAL", "UNAVAILABLE", "DATA_LOSS", "UNAUTHENTICATED"};
+  static const char* kNames[] = {
+      "OK",        "CANCELLED",      "UNKNOWN",           "INVALID_ARGUMENT",   "DEADLINE_EXCEEDED",
+      "NOT_FOUND", "ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION",
+      "ABORTED",   "OUT_OF_RANGE",   "UNIMPLEMENTED",     "INTERNAL",           "UNAVAILABLE",
+      "DATA_LOSS", "UNAUTHENTICATED"};
   return code >= 0 && code <= 16 ? kNames[code] : "UNKNOWN";
 }
 
@@ -31,15 +32,17 @@ prometheus::MetricFamily Family(const char* name, const char* help, prometheus::
 void Add(prometheus::MetricFamily& f, double value, std::vector<prometheus::ClientMetric::Label> labels = {}) {
   prometheus::ClientMetric m;
   m.label = std::move(labels);
-  if (f.type == prometheus::MetricType::Counter) m.counter.value = value; else m.gauge.value = value;
+  if (f.type == prometheus::MetricType::Counter)
+    m.counter.value = value;
+  else
+    m.gauge.value = value;
   f.metric.push_back(std::move(m));
 }
 
 // Reads the store's atomics when scraped, so the hot path pays nothing for metrics.
 class StoreCollectable final : public prometheus::Collectable {
  public:
-  StoreCollectable(const BlockStore& store, const ServerMetrics& metrics)
-      : store_(store), metrics_(metrics) {}
+  StoreCollectable(const BlockStore& store, const ServerMetrics& metrics) : store_(store), metrics_(metrics) {}
 
   std::vector<prometheus::MetricFamily> Collect() const override {
     using prometheus::MetricType;
@@ -47,8 +50,8 @@ class StoreCollectable final : public prometheus::Collectable {
     auto v = [](const std::atomic<uint64_t>& a) { return static_cast<double>(a.load(std::memory_order_relaxed)); };
     std::vector<prometheus::MetricFamily> out;
 
-    auto lookups = Family("kvtier_lookup_blocks_total", "Blocks asked of existence queries, by result.",
-                          MetricType::Counter);
+    auto lookups =
+        Family("kvtier_lookup_blocks_total", "Blocks asked of existence queries, by result.", MetricType::Counter);
     Add(lookups, v(s.lookup_blocks_hit), {{"result", "hit"}});
     Add(lookups, v(s.lookup_blocks_miss), {{"result", "miss"}});
     out.push_back(std::move(lookups));
@@ -62,8 +65,8 @@ class StoreCollectable final : public prometheus::Collectable {
     Add(read_blocks, v(s.read_blocks_miss), {{"result", "miss"}});
     out.push_back(std::move(read_blocks));
 
-    auto transfer = Family("kvtier_transfer_bytes_total", "Payload bytes moved, by direction and transport.",
-                           MetricType::Counter);
+    auto transfer =
+        Family("kvtier_transfer_bytes_total", "Payload bytes moved, by direction and transport.", MetricType::Counter);
     using D = ServerMetrics::Direction;
     using T = ServerMetrics::Transport;
     auto m = [&](D d, T t) { return static_cast<double>(metrics_.transfer_bytes(d, t)); };
@@ -75,13 +78,14 @@ class StoreCollectable final : public prometheus::Collectable {
 
     auto transfer_errors = Family("kvtier_transfer_errors_total",
                                   "UCX block transfers that failed (peer gone, timed out, lease or reservation "
-                                  "expired), by direction.", MetricType::Counter);
+                                  "expired), by direction.",
+                                  MetricType::Counter);
     Add(transfer_errors, static_cast<double>(metrics_.transfer_errors(D::kRead)), {{"direction", "read"}});
     Add(transfer_errors, static_cast<double>(metrics_.transfer_errors(D::kWrite)), {{"direction", "write"}});
     out.push_back(std::move(transfer_errors));
 
-    auto committed = Family("kvtier_committed_blocks_total", "Blocks made visible by a verified commit.",
-                            MetricType::Counter);
+    auto committed =
+        Family("kvtier_committed_blocks_total", "Blocks made visible by a verified commit.", MetricType::Counter);
     Add(committed, v(s.committed_blocks));
     out.push_back(std::move(committed));
 
@@ -90,14 +94,16 @@ class StoreCollectable final : public prometheus::Collectable {
     Add(present, v(s.already_present));
     out.push_back(std::move(present));
 
-    auto evictions = Family("kvtier_evictions_total", "Blocks evicted, by tier (host evictions demote to disk "
-                            "when there is one).", MetricType::Counter);
+    auto evictions = Family("kvtier_evictions_total",
+                            "Blocks evicted, by tier (host evictions demote to disk "
+                            "when there is one).",
+                            MetricType::Counter);
     Add(evictions, v(s.evictions), {{"tier", "host"}});
     Add(evictions, v(s.disk_evictions), {{"tier", "disk"}});
     out.push_back(std::move(evictions));
-    auto quota_evictions = Family("kvtier_quota_evictions_total",
-                                  "Blocks a tenant at its quota dropped (its own least recently used) to make room.",
-                                  MetricType::Counter);
+    auto quota_evictions =
+        Family("kvtier_quota_evictions_total",
+               "Blocks a tenant at its quota dropped (its own least recently used) to make room.", MetricType::Counter);
     Add(quota_evictions, v(s.quota_evictions));
     out.push_back(std::move(quota_evictions));
 
@@ -110,13 +116,13 @@ class StoreCollectable final : public prometheus::Collectable {
     }
     out.push_back(std::move(moves));
 
-    auto defrag = Family("kvtier_defrag_moves_total", "Slabs emptied and handed to another block size.",
-                         MetricType::Counter);
+    auto defrag =
+        Family("kvtier_defrag_moves_total", "Slabs emptied and handed to another block size.", MetricType::Counter);
     Add(defrag, v(s.slab_moves));
     out.push_back(std::move(defrag));
 
-    auto defrag_blocks = Family("kvtier_defrag_moved_blocks_total", "Blocks moved between slots by compaction.",
-                                MetricType::Counter);
+    auto defrag_blocks =
+        Family("kvtier_defrag_moved_blocks_total", "Blocks moved between slots by compaction.", MetricType::Counter);
     Add(defrag_blocks, v(s.defrag_moved_blocks));
     out.push_back(std::move(defrag_blocks));
 
@@ -125,8 +131,8 @@ class StoreCollectable final : public prometheus::Collectable {
     out.push_back(std::move(disk_errors));
 
     if (store_.has_hbm_tier()) {
-      auto hbm_errors = Family("kvtier_hbm_errors_total", "HBM tier copies that failed (the block is dropped or stays put).",
-                               MetricType::Counter);
+      auto hbm_errors = Family("kvtier_hbm_errors_total",
+                               "HBM tier copies that failed (the block is dropped or stays put).", MetricType::Counter);
       Add(hbm_errors, v(s.hbm_errors));
       out.push_back(std::move(hbm_errors));
     }
@@ -145,27 +151,28 @@ class StoreCollectable final : public prometheus::Collectable {
 
     auto shadow = Family("kvtier_shadow_lookup_blocks_total",
                          "Blocks asked of lookups in shadow namespaces, by what the result would have been "
-                         "(all were answered absent).", MetricType::Counter);
+                         "(all were answered absent).",
+                         MetricType::Counter);
     // Hits first: CountShadowLookup adds the asked blocks before the hits.
     const uint64_t shadow_hits = metrics_.shadow_hit_blocks();
     const uint64_t shadow_asked = metrics_.shadow_lookup_blocks();
     Add(shadow, static_cast<double>(shadow_hits), {{"result", "hit"}});
     Add(shadow, static_cast<double>(shadow_asked > shadow_hits ? shadow_asked - shadow_hits : 0), {{"result", "miss"}});
     out.push_back(std::move(shadow));
-    auto shadow_reads = Family("kvtier_shadow_read_blocks_total",
-                               "Blocks asked of reads in shadow namespaces (all answered absent).",
-                               MetricType::Counter);
+    auto shadow_reads =
+        Family("kvtier_shadow_read_blocks_total", "Blocks asked of reads in shadow namespaces (all answered absent).",
+               MetricType::Counter);
     Add(shadow_reads, static_cast<double>(metrics_.shadow_read_blocks()));
     out.push_back(std::move(shadow_reads));
 
-    auto checksum = Family("kvtier_checksum_failures_total", "Blocks whose bytes failed their checksum.",
-                           MetricType::Counter);
+    auto checksum =
+        Family("kvtier_checksum_failures_total", "Blocks whose bytes failed their checksum.", MetricType::Counter);
     Add(checksum, v(s.checksum_failures), {{"stage", "commit_or_move"}});
     Add(checksum, v(s.disk_checksum_failures), {{"stage", "disk_read"}});
     out.push_back(std::move(checksum));
 
-    auto expired = Family("kvtier_expired_total", "Leases and reservations that expired unreleased.",
-                          MetricType::Counter);
+    auto expired =
+        Family("kvtier_expired_total", "Leases and reservations that expired unreleased.", MetricType::Counter);
     Add(expired, v(s.expired_leases), {{"kind", "lease"}});
     Add(expired, v(s.expired_reservations), {{"kind", "reservation"}});
     out.push_back(std::move(expired));
@@ -174,8 +181,8 @@ class StoreCollectable final : public prometheus::Collectable {
     Add(leases, v(s.active_leases));
     out.push_back(std::move(leases));
 
-    auto reservations = Family("kvtier_active_reservations", "Uncommitted put reservations held now.",
-                               MetricType::Gauge);
+    auto reservations =
+        Family("kvtier_active_reservations", "Uncommitted put reservations held now.", MetricType::Gauge);
     Add(reservations, v(s.active_reservations));
     out.push_back(std::move(reservations));
 
@@ -185,8 +192,8 @@ class StoreCollectable final : public prometheus::Collectable {
     if (store_.has_disk_tier()) Add(blocks, v(s.disk_blocks), {{"tier", "disk"}});
     out.push_back(std::move(blocks));
 
-    auto stored = Family("kvtier_stored_bytes", "Bytes of slots in use (committed and reserved), by tier.",
-                         MetricType::Gauge);
+    auto stored =
+        Family("kvtier_stored_bytes", "Bytes of slots in use (committed and reserved), by tier.", MetricType::Gauge);
     if (store_.has_hbm_tier()) Add(stored, v(s.hbm_bytes), {{"tier", "hbm"}});
     Add(stored, v(s.stored_bytes), {{"tier", "host"}});
     if (store_.has_disk_tier()) Add(stored, v(s.disk_bytes), {{"tier", "disk"}});
@@ -225,8 +232,7 @@ ServerMetrics::ServerMetrics(const BlockStore& store, std::string node_id)
 void ServerMetrics::ObserveRpc(const char* method, int code, absl::Duration elapsed) {
   static const prometheus::Histogram::BucketBoundaries kBuckets = {
       0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5};
-  rpc_duration_->Add({{"method", method}, {"code", CodeName(code)}}, kBuckets)
-      .Observe(absl::ToDoubleSeconds(elapsed));
+  rpc_duration_->Add({{"method", method}, {"code", CodeName(code)}}, kBuckets).Observe(absl::ToDoubleSeconds(elapsed));
 }
 
 }  // namespace kvtier::server

@@ -14,8 +14,8 @@
 #include <prometheus/registry.h>
 
 #include "absl/time/time.h"
-#include "kvtier/server/block_store.h"
 #include "group_stats.h"
+#include "kvtier/server/block_store.h"
 
 namespace kvtier::server {
 
@@ -37,7 +37,7 @@ class ServerMetrics {
   uint64_t permission_rejections() const { return permission_rejections_.load(std::memory_order_relaxed); }
 
   // Payload bytes actually moved, counted where they move (kvtier_transfer_bytes_total).
-  enum class Direction : uint8_t { kRead = 0, kWrite = 1 };      // read: server -> client
+  enum class Direction : uint8_t { kRead = 0, kWrite = 1 };  // read: server -> client
   enum class Transport : uint8_t { kGrpc = 0, kUcx = 1 };
   void CountTransfer(Direction d, Transport t, uint64_t bytes) {
     transfer_bytes_[static_cast<int>(d)][static_cast<int>(t)].fetch_add(bytes, std::memory_order_relaxed);
@@ -46,7 +46,9 @@ class ServerMetrics {
     return transfer_bytes_[static_cast<int>(d)][static_cast<int>(t)].load(std::memory_order_relaxed);
   }
   // UCX transfers that failed (peer gone, timed out, lease or reservation expired), by direction.
-  void CountTransferError(Direction d) { transfer_errors_[static_cast<int>(d)].fetch_add(1, std::memory_order_relaxed); }
+  void CountTransferError(Direction d) {
+    transfer_errors_[static_cast<int>(d)].fetch_add(1, std::memory_order_relaxed);
+  }
   uint64_t transfer_errors(Direction d) const {
     return transfer_errors_[static_cast<int>(d)].load(std::memory_order_relaxed);
   }

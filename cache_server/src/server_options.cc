@@ -37,8 +37,8 @@ bool ValidHostPort(const std::string& s) { return ParseHostPort(s, /*min_port=*/
 // "123", "64MiB", "2GiB", "512KiB", "1GB", "10MB", "4KB".
 absl::StatusOr<uint64_t> ParseByteSize(const std::string& key, const std::string& text) {
   static const std::pair<const char*, uint64_t> kSuffixes[] = {
-      {"KiB", 1ULL << 10}, {"MiB", 1ULL << 20}, {"GiB", 1ULL << 30}, {"TiB", 1ULL << 40},
-      {"KB", 1000ULL}, {"MB", 1000ULL * 1000}, {"GB", 1000ULL * 1000 * 1000}, {"B", 1}};
+      {"KiB", 1ULL << 10}, {"MiB", 1ULL << 20},    {"GiB", 1ULL << 30},           {"TiB", 1ULL << 40},
+      {"KB", 1000ULL},     {"MB", 1000ULL * 1000}, {"GB", 1000ULL * 1000 * 1000}, {"B", 1}};
   std::string t(absl::StripAsciiWhitespace(text));
   uint64_t mult = 1;
   for (const auto& [suffix, m] : kSuffixes) {
@@ -287,8 +287,7 @@ const std::map<std::string, std::map<std::string, Setter>>& Schema() {
 }
 
 absl::Status ValidateToken(const std::string& at, const AuthTokenOptions& t) {
-  if (t.token_sha256.size() != 64 ||
-      t.token_sha256.find_first_not_of("0123456789abcdef") != std::string::npos) {
+  if (t.token_sha256.size() != 64 || t.token_sha256.find_first_not_of("0123456789abcdef") != std::string::npos) {
     return Bad(absl::StrCat(at, ".token_sha256"), "must be 64 hex digits (sha256sum of the token)");
   }
   if (t.role != "worker" && t.role != "admin") {
@@ -327,8 +326,8 @@ absl::Status ServerOptions::Validate() const {
   if (!ucx_listen_address.empty() && !ucx_transports.empty()) {
     const std::vector<std::string> tls = absl::StrSplit(ucx_transports, ',');
     if (std::find(tls.begin(), tls.end(), "tcp") == tls.end()) {
-      return Bad("ucx.transports", absl::StrCat("\"", ucx_transports,
-                                                "\" must include tcp: clients connect through the tcp listener"));
+      return Bad("ucx.transports",
+                 absl::StrCat("\"", ucx_transports, "\" must include tcp: clients connect through the tcp listener"));
     }
   }
   if (host_cache_bytes == 0) return Bad("host_tier.capacity_bytes", "must be > 0");
@@ -361,17 +360,20 @@ absl::Status ServerOptions::Validate() const {
   if (stream_chunk_bytes == 0 || stream_chunk_bytes + (64 << 10) > max_message_bytes) {
     return Bad("limits.stream_chunk_bytes", "must be > 0 and leave 64 KiB of headroom below max_message_bytes");
   }
-  if (const auto names = EvictionPolicyNames();
-      std::find(names.begin(), names.end(), eviction_policy) == names.end()) {
-    return Bad("eviction.policy", absl::StrCat("\"", eviction_policy, "\" is unknown; one of: ", absl::StrJoin(names, ", ")));
+  if (const auto names = EvictionPolicyNames(); std::find(names.begin(), names.end(), eviction_policy) == names.end()) {
+    return Bad("eviction.policy",
+               absl::StrCat("\"", eviction_policy, "\" is unknown; one of: ", absl::StrJoin(names, ", ")));
   }
   if (absl::Status s = EvictionPolicyOptions{.frequency_weight = eviction_frequency_weight,
-                                             .recency_weight = eviction_recency_weight}.Validate();
+                                             .recency_weight = eviction_recency_weight}
+                           .Validate();
       !s.ok()) {
     return Bad("eviction", std::string(s.message()));
   }
   // An infinite lease would pin its block for the server's lifetime (a client that died holding it too).
-  const auto finite_positive = [](absl::Duration d) { return d > absl::ZeroDuration() && d != absl::InfiniteDuration(); };
+  const auto finite_positive = [](absl::Duration d) {
+    return d > absl::ZeroDuration() && d != absl::InfiniteDuration();
+  };
   if (!finite_positive(default_lease_ttl)) return Bad("leases.default_ttl", "must be > 0 and finite");
   if (!finite_positive(max_lease_ttl)) return Bad("leases.max_ttl", "must be > 0 and finite");
   if (max_lease_ttl < default_lease_ttl) return Bad("leases.max_ttl", "must be >= leases.default_ttl");

@@ -23,8 +23,8 @@ absl::StatusOr<std::unique_ptr<SlabAllocator>> SlabAllocator::Create(const SlabA
       options.capacity_bytes / options.slab_bytes + (options.capacity_bytes % options.slab_bytes != 0 ? 1 : 0);
   if (num_slabs > kMaxSlabs) {
     return absl::InvalidArgumentError(absl::StrCat("slab_bytes: ", options.slab_bytes, " cuts capacity_bytes (",
-                                                   options.capacity_bytes, ") into ", num_slabs,
-                                                   " slabs; at most ", kMaxSlabs));
+                                                   options.capacity_bytes, ") into ", num_slabs, " slabs; at most ",
+                                                   kMaxSlabs));
   }
   // Reserve address space only: pages are touched (and counted as resident) as blocks are written.
   void* p = nullptr;

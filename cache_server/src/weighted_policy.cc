@@ -74,8 +74,7 @@ class WeightedPolicy final : public EvictionPolicy {
         const double recency = span > 0 ? static_cast<double>(std::get<0>(k) - oldest) / span : 1.0;
         const double frequency = std::log2(1 + CountOf(c)) / log_max;
         const double score = recency_weight_ * recency + frequency_weight_ * frequency;
-        if (!victim.has_value() || score < best_score ||
-            (score == best_score && std::get<1>(k) < best_inv_depth)) {
+        if (!victim.has_value() || score < best_score || (score == best_score && std::get<1>(k) < best_inv_depth)) {
           victim = h;
           best_score = score;
           best_inv_depth = std::get<1>(k);

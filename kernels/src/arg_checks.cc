@@ -33,9 +33,9 @@ KernelStatus BlockShape::Validate() const {
     if (!(s = CheckPositive("block.latent_dim", latent_dim)).ok()) return s;
   }
   // In double: the int64 product could overflow for absurd fields.
-  const double elements = static_cast<double>(num_layers) * NumKv() * block_tokens *
-                          (kind == BlockKind::kMla ? static_cast<double>(latent_dim)
-                                                   : static_cast<double>(num_kv_heads) * head_dim);
+  const double elements =
+      static_cast<double>(num_layers) * NumKv() * block_tokens *
+      (kind == BlockKind::kMla ? static_cast<double>(latent_dim) : static_cast<double>(num_kv_heads) * head_dim);
   if (elements > 1099511627776.0) {  // 2^40
     return InvalidArgument("block has " + std::to_string(elements) + " elements, want <= 2^40");
   }
@@ -63,8 +63,8 @@ KernelStatus PagedCacheSpec::Validate() const {
   if (!(s = CheckPositive("num_pages", num_pages)).ok()) return s;
   if (!(s = CheckPositive("page_size", page_size)).ok()) return s;
   if (block.block_tokens % page_size != 0) {
-    return InvalidArgument("block_tokens " + std::to_string(block.block_tokens) +
-                           " is not a multiple of page_size " + std::to_string(page_size));
+    return InvalidArgument("block_tokens " + std::to_string(block.block_tokens) + " is not a multiple of page_size " +
+                           std::to_string(page_size));
   }
   if (element_bytes != 1 && element_bytes != 2 && element_bytes != 4) {
     return InvalidArgument("element_bytes is " + std::to_string(element_bytes) + ", want 1, 2 or 4");
@@ -72,8 +72,7 @@ KernelStatus PagedCacheSpec::Validate() const {
   const double layer_bytes = static_cast<double>(num_pages) * block.NumKv() * page_size *
                              static_cast<double>(block.TokenElements()) * element_bytes;
   if (layer_bytes > 70368744177664.0) {  // 2^46
-    return InvalidArgument("one layer's cache is " + std::to_string(layer_bytes) +
-                           " bytes, want <= 2^46");
+    return InvalidArgument("one layer's cache is " + std::to_string(layer_bytes) + " bytes, want <= 2^46");
   }
   return {};
 }
@@ -82,16 +81,14 @@ KernelStatus QuantSpec::Validate() const {
   KernelStatus s = block.Validate();
   if (!s.ok()) return s;
   if (float_type != FloatType::kFp16 && float_type != FloatType::kBf16) {
-    return InvalidArgument("float_type " + std::to_string(static_cast<int>(float_type)) +
-                           " is unknown");
+    return InvalidArgument("float_type " + std::to_string(static_cast<int>(float_type)) + " is unknown");
   }
   if (codec != QuantCodec::kFp8E4m3 && codec != QuantCodec::kInt8) {
     return InvalidArgument("codec " + std::to_string(static_cast<int>(codec)) + " is unknown");
   }
   if (!(s = CheckPositive("quant_group_size", quant_group_size)).ok()) return s;
   if (block.InnerDim() % quant_group_size != 0) {
-    return InvalidArgument("quant_group_size " + std::to_string(quant_group_size) +
-                           " does not divide " +
+    return InvalidArgument("quant_group_size " + std::to_string(quant_group_size) + " does not divide " +
                            (block.kind == BlockKind::kMla ? "latent_dim " : "head_dim ") +
                            std::to_string(block.InnerDim()));
   }
@@ -100,9 +97,8 @@ KernelStatus QuantSpec::Validate() const {
 
 namespace internal {
 
-KernelStatus CheckPagedCopy(const PagedCacheSpec& spec, const void* const* layer_caches,
-                            const int32_t* block_table, int32_t num_blocks, const void* const* blocks,
-                            bool check_entries, bool unique_pages) {
+KernelStatus CheckPagedCopy(const PagedCacheSpec& spec, const void* const* layer_caches, const int32_t* block_table,
+                            int32_t num_blocks, const void* const* blocks, bool check_entries, bool unique_pages) {
   KernelStatus s = spec.Validate();
   if (!s.ok()) return s;
   if (num_blocks < 0) return InvalidArgument("num_blocks is " + std::to_string(num_blocks));
@@ -120,9 +116,8 @@ KernelStatus CheckPagedCopy(const PagedCacheSpec& spec, const void* const* layer
   const int64_t n = static_cast<int64_t>(num_blocks) * spec.PagesPerBlock();
   for (int64_t i = 0; i < n; ++i) {
     if (block_table[i] < 0 || block_table[i] >= spec.num_pages) {
-      return InvalidArgument("block_table[" + std::to_string(i) + "] is page " +
-                             std::to_string(block_table[i]) + ", want [0, " +
-                             std::to_string(spec.num_pages) + ")");
+      return InvalidArgument("block_table[" + std::to_string(i) + "] is page " + std::to_string(block_table[i]) +
+                             ", want [0, " + std::to_string(spec.num_pages) + ")");
     }
   }
   if (unique_pages) {

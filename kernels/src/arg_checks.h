@@ -19,9 +19,8 @@ inline KernelStatus InvalidArgument(std::string message) {
 
 // The spec, num_blocks >= 0, and (when num_blocks > 0) non-null arrays. When `check_entries`, also
 // every entry: non-null pointers, page ids in [0, num_pages), and, when `unique_pages`, no page twice.
-KernelStatus CheckPagedCopy(const PagedCacheSpec& spec, const void* const* layer_caches,
-                            const int32_t* block_table, int32_t num_blocks, const void* const* blocks,
-                            bool check_entries, bool unique_pages);
+KernelStatus CheckPagedCopy(const PagedCacheSpec& spec, const void* const* layer_caches, const int32_t* block_table,
+                            int32_t num_blocks, const void* const* blocks, bool check_entries, bool unique_pages);
 
 // The spec, num_blocks >= 0, non-null arrays and (when `check_entries`) non-null entries.
 KernelStatus CheckQuant(const QuantSpec& spec, const void* const* in_blocks, int32_t num_blocks,

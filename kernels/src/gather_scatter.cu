@@ -12,9 +12,8 @@ namespace {
 constexpr int kThreads = 256;
 
 template <typename V>
-__device__ __forceinline__ void CopyRun(const unsigned char* __restrict__ src,
-                                        unsigned char* __restrict__ dst, int64_t bytes, int lane,
-                                        int width) {
+__device__ __forceinline__ void CopyRun(const unsigned char* __restrict__ src, unsigned char* __restrict__ dst,
+                                        int64_t bytes, int lane, int width) {
   const V* s = reinterpret_cast<const V*>(src);
   V* d = reinterpret_cast<V*>(dst);
   const int64_t n = bytes / static_cast<int64_t>(sizeof(V));
@@ -53,16 +52,15 @@ __global__ void __launch_bounds__(kThreads) PagedCopyKernel(PagedCopyParams p, i
     if (page < 0 || page >= p.num_pages || cache == nullptr || blk == nullptr) continue;
 
     const int64_t cache_off =
-        (p.kv_first ? static_cast<int64_t>(kv) * p.num_pages + page
-                    : static_cast<int64_t>(page) * p.num_kv + kv) * p.page_bytes;
-    const int64_t block_off =
-        ((static_cast<int64_t>(layer) * p.num_kv + kv) * p.pages_per_block + page_in_block) *
+        (p.kv_first ? static_cast<int64_t>(kv) * p.num_pages + page : static_cast<int64_t>(page) * p.num_kv + kv) *
         p.page_bytes;
+    const int64_t block_off =
+        ((static_cast<int64_t>(layer) * p.num_kv + kv) * p.pages_per_block + page_in_block) * p.page_bytes;
     const unsigned char* src = p.gather ? cache + cache_off : blk + block_off;
     unsigned char* dst = p.gather ? blk + block_off : cache + cache_off;
 
-    const uint64_t align = reinterpret_cast<uint64_t>(src) | reinterpret_cast<uint64_t>(dst) |
-                           static_cast<uint64_t>(p.page_bytes);
+    const uint64_t align =
+        reinterpret_cast<uint64_t>(src) | reinterpret_cast<uint64_t>(dst) | static_cast<uint64_t>(p.page_bytes);
     if ((align & 15) == 0) {
       CopyRun<uint4>(src, dst, p.page_bytes, lane, slot_threads);
     } else if ((align & 7) == 0) {
@@ -80,8 +78,8 @@ __global__ void __launch_bounds__(kThreads) PagedCopyKernel(PagedCopyParams p, i
 }  // namespace
 
 cudaError_t LaunchPagedCopy(const PagedCopyParams& params, cudaStream_t stream) {
-  const int64_t runs = static_cast<int64_t>(params.num_blocks) * params.num_layers * params.num_kv *
-                       params.pages_per_block;
+  const int64_t runs =
+      static_cast<int64_t>(params.num_blocks) * params.num_layers * params.num_kv * params.pages_per_block;
   if (runs == 0) return cudaSuccess;
   // Threads per run: about eight 16-byte vectors each, from a warp up to the whole CTA.
   const int64_t vectors = (params.page_bytes + 15) / 16;

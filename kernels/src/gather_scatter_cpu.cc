@@ -20,13 +20,12 @@ int64_t CacheOffset(const PagedCacheSpec& spec, int32_t kv, int32_t page) {
 
 // Byte offset of (layer, kv, page_in_block) inside one block.
 int64_t BlockOffset(const PagedCacheSpec& spec, int32_t layer, int32_t kv, int32_t page_in_block) {
-  return ((static_cast<int64_t>(layer) * spec.block.NumKv() + kv) * spec.PagesPerBlock() +
-          page_in_block) *
+  return ((static_cast<int64_t>(layer) * spec.block.NumKv() + kv) * spec.PagesPerBlock() + page_in_block) *
          spec.PageBytes();
 }
 
-void CopyRuns(const PagedCacheSpec& spec, const int32_t* block_table, int32_t num_blocks,
-              void* const* layer_caches, void* const* blocks, bool gather) {
+void CopyRuns(const PagedCacheSpec& spec, const int32_t* block_table, int32_t num_blocks, void* const* layer_caches,
+              void* const* blocks, bool gather) {
   const int32_t pages_per_block = spec.PagesPerBlock();
   const int64_t page_bytes = spec.PageBytes();
   for (int32_t b = 0; b < num_blocks; ++b) {
@@ -51,8 +50,8 @@ void CopyRuns(const PagedCacheSpec& spec, const int32_t* block_table, int32_t nu
 
 }  // namespace
 
-KernelStatus GatherCpu(const PagedCacheSpec& spec, const void* const* layer_caches,
-                       const int32_t* block_table, int32_t num_blocks, void* const* blocks) {
+KernelStatus GatherCpu(const PagedCacheSpec& spec, const void* const* layer_caches, const int32_t* block_table,
+                       int32_t num_blocks, void* const* blocks) {
   KernelStatus s = internal::CheckPagedCopy(spec, layer_caches, block_table, num_blocks, blocks,
                                             /*check_entries=*/true, /*unique_pages=*/false);
   if (!s.ok() || num_blocks == 0) return s;
@@ -60,8 +59,8 @@ KernelStatus GatherCpu(const PagedCacheSpec& spec, const void* const* layer_cach
   return {};
 }
 
-KernelStatus ScatterCpu(const PagedCacheSpec& spec, const void* const* blocks,
-                        const int32_t* block_table, int32_t num_blocks, void* const* layer_caches) {
+KernelStatus ScatterCpu(const PagedCacheSpec& spec, const void* const* blocks, const int32_t* block_table,
+                        int32_t num_blocks, void* const* layer_caches) {
   KernelStatus s = internal::CheckPagedCopy(spec, layer_caches, block_table, num_blocks, blocks,
                                             /*check_entries=*/true, /*unique_pages=*/true);
   if (!s.ok() || num_blocks == 0) return s;

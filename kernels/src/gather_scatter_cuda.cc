@@ -6,16 +6,15 @@
 
 #include "arg_checks.h"
 #include "cuda_tables.h"
-#include "kvtier/kernels/device.h"
 #include "gather_scatter_launch.h"
+#include "kvtier/kernels/device.h"
 #include "kvtier/kernels/gather_scatter.h"
 
 namespace kvtier::kernels {
 namespace {
 
-KernelStatus PagedCopyCuda(const PagedCacheSpec& spec, void* const* layer_caches,
-                           const int32_t* block_table, int32_t num_blocks, void* const* blocks,
-                           const CudaLaunchOptions& options, bool gather) {
+KernelStatus PagedCopyCuda(const PagedCacheSpec& spec, void* const* layer_caches, const int32_t* block_table,
+                           int32_t num_blocks, void* const* blocks, const CudaLaunchOptions& options, bool gather) {
   KernelStatus s = internal::CheckPagedCopy(spec, layer_caches, block_table, num_blocks, blocks,
                                             /*check_entries=*/!options.tables_on_device,
                                             /*unique_pages=*/!gather);
@@ -54,18 +53,16 @@ KernelStatus PagedCopyCuda(const PagedCacheSpec& spec, void* const* layer_caches
 
 }  // namespace
 
-KernelStatus GatherCuda(const PagedCacheSpec& spec, const void* const* layer_caches,
-                        const int32_t* block_table, int32_t num_blocks, void* const* blocks,
-                        const CudaLaunchOptions& options) {
-  return PagedCopyCuda(spec, const_cast<void* const*>(layer_caches), block_table, num_blocks, blocks,
-                       options, /*gather=*/true);
+KernelStatus GatherCuda(const PagedCacheSpec& spec, const void* const* layer_caches, const int32_t* block_table,
+                        int32_t num_blocks, void* const* blocks, const CudaLaunchOptions& options) {
+  return PagedCopyCuda(spec, const_cast<void* const*>(layer_caches), block_table, num_blocks, blocks, options,
+                       /*gather=*/true);
 }
 
-KernelStatus ScatterCuda(const PagedCacheSpec& spec, const void* const* blocks,
-                         const int32_t* block_table, int32_t num_blocks, void* const* layer_caches,
-                         const CudaLaunchOptions& options) {
-  return PagedCopyCuda(spec, layer_caches, block_table, num_blocks, const_cast<void* const*>(blocks),
-                       options, /*gather=*/false);
+KernelStatus ScatterCuda(const PagedCacheSpec& spec, const void* const* blocks, const int32_t* block_table,
+                         int32_t num_blocks, void* const* layer_caches, const CudaLaunchOptions& options) {
+  return PagedCopyCuda(spec, layer_caches, block_table, num_blocks, const_cast<void* const*>(blocks), options,
+                       /*gather=*/false);
 }
 
 }  // namespace kvtier::kernels

@@ -215,8 +215,7 @@ __global__ void __launch_bounds__(kThreads) DequantizeScalarKernel(QuantParams p
     const unsigned char* in = static_cast<const unsigned char*>(p.in_blocks[b]);
     unsigned char* out = static_cast<unsigned char*>(p.out_blocks[b]);
     if (in == nullptr || out == nullptr) continue;
-    for (long long i = static_cast<long long>(blockIdx.x) * kThreads + threadIdx.x; i < p.num_elements;
-         i += stride) {
+    for (long long i = static_cast<long long>(blockIdx.x) * kThreads + threadIdx.x; i < p.num_elements; i += stride) {
       const float scale = LoadF32(in + p.num_elements + (i / p.group) * 4);
       const unsigned int bits = F32ToBits<kBf16>(__fmul_rn(Decode<kFp8>(in[i]), scale));
       out[2 * i] = static_cast<unsigned char>(bits & 0xFFu);

@@ -62,8 +62,7 @@ void DequantizeBlock(const QuantSpec& spec, const unsigned char* in, unsigned ch
     const unsigned char* q = in + g * group;
     unsigned char* x = out + g * group * 2;
     for (int64_t i = 0; i < group; ++i) {
-      const float decoded =
-          fp8 ? Fp8E4m3ToFloat(q[i]) : static_cast<float>(static_cast<int8_t>(q[i]));
+      const float decoded = fp8 ? Fp8E4m3ToFloat(q[i]) : static_cast<float>(static_cast<int8_t>(q[i]));
       StoreFloat(x + 2 * i, spec.float_type, decoded * scale);
     }
   }
@@ -82,8 +81,8 @@ KernelStatus QuantizeCpu(const QuantSpec& spec, const void* const* float_blocks,
   return {};
 }
 
-KernelStatus DequantizeCpu(const QuantSpec& spec, const void* const* quantized_blocks,
-                           int32_t num_blocks, void* const* float_blocks) {
+KernelStatus DequantizeCpu(const QuantSpec& spec, const void* const* quantized_blocks, int32_t num_blocks,
+                           void* const* float_blocks) {
   KernelStatus s = internal::CheckQuant(spec, quantized_blocks, num_blocks, float_blocks, true);
   if (!s.ok()) return s;
   for (int32_t b = 0; b < num_blocks; ++b) {

@@ -13,8 +13,8 @@
 namespace kvtier::kernels {
 namespace {
 
-KernelStatus QuantCuda(const QuantSpec& spec, const void* const* in_blocks, int32_t num_blocks,
-                       void* const* out_blocks, const CudaLaunchOptions& options, bool quantize) {
+KernelStatus QuantCuda(const QuantSpec& spec, const void* const* in_blocks, int32_t num_blocks, void* const* out_blocks,
+                       const CudaLaunchOptions& options, bool quantize) {
   KernelStatus s = internal::CheckQuant(spec, in_blocks, num_blocks, out_blocks,
                                         /*check_entries=*/!options.tables_on_device);
   if (!s.ok() || num_blocks == 0) return s;
@@ -31,8 +31,8 @@ KernelStatus QuantCuda(const QuantSpec& spec, const void* const* in_blocks, int3
   if (options.tables_on_device) {
     p.in_blocks = in_blocks;
     p.out_blocks = out_blocks;
-    return internal::FromCuda(
-        quantize ? internal::LaunchQuantize(p, stream) : internal::LaunchDequantize(p, stream), what);
+    return internal::FromCuda(quantize ? internal::LaunchQuantize(p, stream) : internal::LaunchDequantize(p, stream),
+                              what);
   }
   internal::DeviceTables tables(stream);
   const size_t in_at = tables.Add(in_blocks, sizeof(void*) * num_blocks);
@@ -41,8 +41,8 @@ KernelStatus QuantCuda(const QuantSpec& spec, const void* const* in_blocks, int3
   if (!s.ok()) return s;
   p.in_blocks = tables.At<const void* const>(in_at);
   p.out_blocks = tables.At<void* const>(out_at);
-  return internal::FromCuda(
-      quantize ? internal::LaunchQuantize(p, stream) : internal::LaunchDequantize(p, stream), what);
+  return internal::FromCuda(quantize ? internal::LaunchQuantize(p, stream) : internal::LaunchDequantize(p, stream),
+                            what);
 }
 
 }  // namespace
@@ -52,9 +52,8 @@ KernelStatus QuantizeCuda(const QuantSpec& spec, const void* const* float_blocks
   return QuantCuda(spec, float_blocks, num_blocks, quantized_blocks, options, true);
 }
 
-KernelStatus DequantizeCuda(const QuantSpec& spec, const void* const* quantized_blocks,
-                            int32_t num_blocks, void* const* float_blocks,
-                            const CudaLaunchOptions& options) {
+KernelStatus DequantizeCuda(const QuantSpec& spec, const void* const* quantized_blocks, int32_t num_blocks,
+                            void* const* float_blocks, const CudaLaunchOptions& options) {
   return QuantCuda(spec, quantized_blocks, num_blocks, float_blocks, options, false);
 }
 

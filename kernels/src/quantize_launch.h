@@ -17,8 +17,8 @@ struct QuantParams {
   int64_t num_elements = 0;                // per block; a multiple of group
   int32_t group = 0;                       // elements per scale
   int32_t num_blocks = 0;
-  int32_t bf16 = 0;                        // float type: 0 fp16, 1 bf16
-  int32_t fp8 = 0;                         // codec: 0 int8, 1 fp8 e4m3
+  int32_t bf16 = 0;  // float type: 0 fp16, 1 bf16
+  int32_t fp8 = 0;   // codec: 0 int8, 1 fp8 e4m3
 };
 
 cudaError_t LaunchQuantize(const QuantParams& params, cudaStream_t stream);

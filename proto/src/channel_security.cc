@@ -62,10 +62,12 @@ absl::Status ChannelSecurity::Validate(const std::string& prefix) const {
                                                    ": the client certificate and key go together"));
   }
   if (!cert_file.empty() && ca_file.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(Field(prefix, "ca_file"), ": is required with a client certificate (TLS)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(Field(prefix, "ca_file"), ": is required with a client certificate (TLS)"));
   }
   if (!server_name.empty() && ca_file.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(Field(prefix, "server_name"), ": needs TLS (", Field(prefix, "ca_file"), ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(Field(prefix, "server_name"), ": needs TLS (", Field(prefix, "ca_file"), ")"));
   }
   if (auth_token.find_first_of("\r\n") != std::string::npos) {
     return absl::InvalidArgumentError("auth_token: holds a line break");

@@ -63,8 +63,8 @@ void EncodeKeys(std::span<const BlockKey> keys, v1::BlockKeys* out) {
 absl::StatusOr<std::vector<BlockKey>> DecodeKeys(const v1::BlockKeys& in, uint32_t tp_size, uint32_t max_keys) {
   const std::string& fps = in.fingerprints();
   if (fps.size() % 32 != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("keys.fingerprints: ", fps.size(),
-                                                   " bytes is not a multiple of 32"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("keys.fingerprints: ", fps.size(), " bytes is not a multiple of 32"));
   }
   const size_t n = fps.size() / 32;
   if (n == 0) return absl::InvalidArgumentError("keys: at least one key is required");
@@ -80,8 +80,8 @@ absl::StatusOr<std::vector<BlockKey>> DecodeKeys(const v1::BlockKeys& in, uint32
     if (in.shards_size() != 0) {
       keys[i].shard = in.shards(static_cast<int>(i));
       if (keys[i].shard >= tp_size) {
-        return absl::InvalidArgumentError(absl::StrCat("keys.shards[", i, "]: shard ", keys[i].shard,
-                                                       " >= tp_size ", tp_size));
+        return absl::InvalidArgumentError(
+            absl::StrCat("keys.shards[", i, "]: shard ", keys[i].shard, " >= tp_size ", tp_size));
       }
     }
   }

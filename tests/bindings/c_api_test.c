@@ -13,21 +13,20 @@
 
 static int g_failures = 0;
 
-#define CHECK(cond, ...)                                                     \
-  do {                                                                       \
-    if (!(cond)) {                                                           \
-      ++g_failures;                                                          \
+#define CHECK(cond, ...)                                                       \
+  do {                                                                         \
+    if (!(cond)) {                                                             \
+      ++g_failures;                                                            \
       fprintf(stderr, "%s:%d: CHECK(%s) failed: ", __FILE__, __LINE__, #cond); \
-      fprintf(stderr, __VA_ARGS__);                                          \
-      fprintf(stderr, "\n");                                                 \
-    }                                                                        \
+      fprintf(stderr, __VA_ARGS__);                                            \
+      fprintf(stderr, "\n");                                                   \
+    }                                                                          \
   } while (0)
 
-#define CHECK_OK(call)                                                                 \
-  do {                                                                                 \
-    kvtier_status_code rc_ = (call);                                                   \
-    CHECK(rc_ == KVTIER_OK, "%s returned %s: %s", #call, kvtier_status_code_name(rc_), \
-          kvtier_last_error_message());                                                \
+#define CHECK_OK(call)                                                                                               \
+  do {                                                                                                               \
+    kvtier_status_code rc_ = (call);                                                                                 \
+    CHECK(rc_ == KVTIER_OK, "%s returned %s: %s", #call, kvtier_status_code_name(rc_), kvtier_last_error_message()); \
   } while (0)
 
 /* Deterministic block contents: a function of (block, shard, byte). */

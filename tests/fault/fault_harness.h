@@ -31,10 +31,10 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
-#include "absl/strings/strip.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "testing/server_process.h"
@@ -267,9 +267,9 @@ class NetnsLink {
 // can find it (or not, when the test deletes it).
 struct ServerSpec {
   std::string node_id;
-  std::string host = "127.0.0.1";   // where gRPC and /metrics listen
-  int grpc_port = 0;                // 0: any (a restart passes the old port, so members keep the address)
-  std::string disk_path;            // "" = no disk tier
+  std::string host = "127.0.0.1";        // where gRPC and /metrics listen
+  int grpc_port = 0;                     // 0: any (a restart passes the old port, so members keep the address)
+  std::string disk_path;                 // "" = no disk tier
   std::vector<std::string> exec_prefix;  // e.g. NetnsLink::ExecPrefix()
   std::vector<std::string> extra_args;
 };
@@ -283,11 +283,10 @@ class FaultServer {
     const std::string port_file = absl::StrCat(work_dir, "/", spec.node_id, ".port");
     std::filesystem::remove(port_file);
     std::vector<std::string> args = spec.exec_prefix;
-    for (const std::string& a :
-         std::vector<std::string>{BinaryDir() + "/cache_server/kvtier-server", "--node_id=" + spec.node_id,
-                                  "--port_file=" + port_file,
-                                  absl::StrCat("--listen_address=", spec.host, ":", spec.grpc_port),
-                                  absl::StrCat("--metrics_address=", spec.host, ":0")}) {
+    for (const std::string& a : std::vector<std::string>{
+             BinaryDir() + "/cache_server/kvtier-server", "--node_id=" + spec.node_id, "--port_file=" + port_file,
+             absl::StrCat("--listen_address=", spec.host, ":", spec.grpc_port),
+             absl::StrCat("--metrics_address=", spec.host, ":0")}) {
       args.push_back(a);
     }
     if (!spec.disk_path.empty()) args.push_back("--disk_path=" + spec.disk_path);

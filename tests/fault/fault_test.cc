@@ -38,8 +38,8 @@ using testing::SumWindows;
 constexpr int kRequests = 1000;
 constexpr int kWindowRequests = 40;
 constexpr double kTimeScale = 24;
-constexpr int kFaultAfterWindow = 7;    // fault once window 7 (requests 280..319) is reported
-constexpr int kHealAfterWindow = 16;    // heal (restart, reconnect) once window 16 is reported
+constexpr int kFaultAfterWindow = 7;  // fault once window 7 (requests 280..319) is reported
+constexpr int kHealAfterWindow = 16;  // heal (restart, reconnect) once window 16 is reported
 // The client's deadline per RPC (trace_replay --rpc_timeout_ms) and its health checks (ClientOptions
 // defaults: every 1 s, 1 s deadline, ejected after 3 failures in a row, back after 2 passes).
 constexpr int64_t kRpcTimeoutMs = 500;
@@ -57,8 +57,8 @@ constexpr double kLookupSlackMs = 25;
 
 // Servers: 4 MiB of host memory (128 blocks) and a disk tier each, so that most of each server's
 // ~900 blocks live on disk and survive a SIGKILL; block bytes over UCX (loopback).
-const std::vector<std::string> kServerArgs = {"--host_cache_bytes=4MiB", "--slab_bytes=1MiB",
-                                              "--max_block_bytes=1MiB", "--disk_capacity_bytes=1GiB", "--ucx_listen_address=127.0.0.1:0"};
+const std::vector<std::string> kServerArgs = {"--host_cache_bytes=4MiB", "--slab_bytes=1MiB", "--max_block_bytes=1MiB",
+                                              "--disk_capacity_bytes=1GiB", "--ucx_listen_address=127.0.0.1:0"};
 
 std::string TraceReplayBinary() { return testing::BinaryDir() + "/bench/trace_replay/trace_replay"; }
 
@@ -71,20 +71,20 @@ bool TraceReplayHasReplication() {
 
 // What the test does while the replay runs.
 struct FaultPlan {
-  std::function<absl::Status()> inject;      // after window kFaultAfterWindow
-  std::function<absl::Status()> heal;        // after window kHealAfterWindow; may be empty
-  std::function<bool()> rejoined;            // polled after the heal until true; may be empty
+  std::function<absl::Status()> inject;  // after window kFaultAfterWindow
+  std::function<absl::Status()> heal;    // after window kHealAfterWindow; may be empty
+  std::function<bool()> rejoined;        // polled after the heal until true; may be empty
 };
 
 // What happened.
 struct FaultRun {
   int exit_code = -1;
-  std::string log;                     // trace_replay's stderr
-  std::string ucx_line;                // its count of blocks moved over UCX
-  nlohmann::json report;               // the final report
+  std::string log;        // trace_replay's stderr
+  std::string ucx_line;   // its count of blocks moved over UCX
+  nlohmann::json report;  // the final report
   std::vector<nlohmann::json> windows;
   int64_t fault_ms = 0, heal_ms = 0, rejoin_ms = 0;  // Unix ms; 0 = did not happen
-  int64_t last_error_ms = 0;           // end of the last request with a miss from error or a put error before the heal
+  int64_t last_error_ms = 0;  // end of the last request with a miss from error or a put error before the heal
   PhaseStats before, during, after, recovered;
 
   int64_t errors_stopped_after_ms() const { return last_error_ms > 0 ? last_error_ms - fault_ms : 0; }
@@ -94,7 +94,8 @@ struct FaultRun {
     return absl::StrCat("before:    ", before.ToString(), "\nduring:    ", during.ToString(),
                         "\nafter:     ", after.ToString(), "\nrecovered: ", recovered.ToString(),
                         "\nmisses from errors stopped ", errors_stopped_after_ms(), " ms after the fault; rejoined ",
-                        rejoin_ms > 0 ? rejoin_ms - heal_ms : -1, " ms after the heal\n", ucx_line, "\ntotal: ", totals.dump());
+                        rejoin_ms > 0 ? rejoin_ms - heal_ms : -1, " ms after the heal\n", ucx_line,
+                        "\ntotal: ", totals.dump());
   }
 };
 
@@ -121,7 +122,8 @@ class FaultTest : public ::testing::Test {
   // Starts node-1..3; node_in_netns (1-based, 0 = none) runs inside netns_ and listens on its address.
   void StartCluster(int node_in_netns = 0) {
     for (int i = 1; i <= 3; ++i) {
-      ServerSpec spec{.node_id = absl::StrCat("node-", i), .disk_path = DiskPath(absl::StrCat("node-", i)),
+      ServerSpec spec{.node_id = absl::StrCat("node-", i),
+                      .disk_path = DiskPath(absl::StrCat("node-", i)),
                       .extra_args = kServerArgs};
       if (i == node_in_netns) {
         spec.host = netns_->ns_ip();
@@ -235,9 +237,8 @@ class FaultTest : public ::testing::Test {
       run.during = SumWindows(run.windows, [&](const nlohmann::json& w) {
         return end(w) >= run.fault_ms && start(w) <= fault_end && w["index"].get<int>() > kFaultAfterWindow;
       });
-      run.after = SumWindows(run.windows, [&](const nlohmann::json& w) {
-        return start(w) > fault_end && end(w) <= heal;
-      });
+      run.after =
+          SumWindows(run.windows, [&](const nlohmann::json& w) { return start(w) > fault_end && end(w) <= heal; });
     }
     if (run.rejoin_ms > 0) {
       run.recovered = SumWindows(run.windows, [&](const nlohmann::json& w) { return start(w) >= run.rejoin_ms; });
@@ -280,12 +281,17 @@ class FaultTest : public ::testing::Test {
 TEST_F(FaultTest, KilledServerCostsBoundedMissesThenRecoversItsDiskTierOnRestart) {
   StartCluster();
   FaultPlan plan{
-      .inject = [&] { servers_[1]->Kill(); return absl::OkStatus(); },
+      .inject =
+          [&] {
+            servers_[1]->Kill();
+            return absl::OkStatus();
+          },
       .heal = [&] { return Restart(1, /*wipe_disk=*/false); },
-      .rejoined = [&] {
-        auto v = ReadMetric(servers_[1]->metrics_address(), "kvtier_lookup_requests_total");
-        return v.ok() && *v > 0;
-      },
+      .rejoined =
+          [&] {
+            auto v = ReadMetric(servers_[1]->metrics_address(), "kvtier_lookup_requests_total");
+            return v.ok() && *v > 0;
+          },
   };
   const FaultRun run = Replay(plan);
   ExpectCorrectAndBounded(run);
@@ -310,12 +316,17 @@ TEST_F(FaultTest, KilledServerWithReplicationFactorTwoKeepsMostOfTheHitRatio) {
   if (!TraceReplayHasReplication()) GTEST_SKIP() << "trace_replay has no --replication_factor";
   StartCluster();
   FaultPlan plan{
-      .inject = [&] { servers_[1]->Kill(); return absl::OkStatus(); },
+      .inject =
+          [&] {
+            servers_[1]->Kill();
+            return absl::OkStatus();
+          },
       .heal = [&] { return Restart(1, /*wipe_disk=*/false); },
-      .rejoined = [&] {
-        auto v = ReadMetric(servers_[1]->metrics_address(), "kvtier_lookup_requests_total");
-        return v.ok() && *v > 0;
-      },
+      .rejoined =
+          [&] {
+            auto v = ReadMetric(servers_[1]->metrics_address(), "kvtier_lookup_requests_total");
+            return v.ok() && *v > 0;
+          },
   };
   const FaultRun run = Replay(plan, /*replication_factor=*/2);
   ExpectCorrectAndBounded(run, /*expect_misses_from_errors=*/false);
@@ -346,28 +357,30 @@ class PartitionTest : public FaultTest {
     double lookups_at_heal = 0;
     FaultPlan plan{
         .inject = [&] { return netns_->Cut(); },
-        .heal = [&] {
-          if (absl::Status healed = netns_->Heal(); !healed.ok()) return healed;
-          // Ejected by now, so the client sends it nothing until it rejoins. The link takes a moment to
-          // carry packets again.
-          const absl::Time deadline = absl::Now() + absl::Seconds(5);
-          while (true) {
-            auto lookups = ReadMetric(servers_[1]->metrics_address(), "kvtier_lookup_requests_total");
-            auto hits = ReadMetric(servers_[1]->metrics_address(), "kvtier_read_blocks_total", "result=\"hit\"");
-            if (lookups.ok() && hits.ok()) {
-              lookups_at_heal = *lookups;
-              *read_hits_at_heal = *hits;
-              return absl::OkStatus();
-            }
-            if (absl::Now() > deadline) return lookups.ok() ? hits.status() : lookups.status();
-            absl::SleepFor(absl::Milliseconds(100));
-          }
-        },
-        .rejoined = [&] {
-          // More than a few lookups, so that requests cut off in flight and delivered late do not count.
-          auto v = ReadMetric(servers_[1]->metrics_address(), "kvtier_lookup_requests_total");
-          return v.ok() && *v > lookups_at_heal + 5;
-        },
+        .heal =
+            [&] {
+              if (absl::Status healed = netns_->Heal(); !healed.ok()) return healed;
+              // Ejected by now, so the client sends it nothing until it rejoins. The link takes a moment to
+              // carry packets again.
+              const absl::Time deadline = absl::Now() + absl::Seconds(5);
+              while (true) {
+                auto lookups = ReadMetric(servers_[1]->metrics_address(), "kvtier_lookup_requests_total");
+                auto hits = ReadMetric(servers_[1]->metrics_address(), "kvtier_read_blocks_total", "result=\"hit\"");
+                if (lookups.ok() && hits.ok()) {
+                  lookups_at_heal = *lookups;
+                  *read_hits_at_heal = *hits;
+                  return absl::OkStatus();
+                }
+                if (absl::Now() > deadline) return lookups.ok() ? hits.status() : lookups.status();
+                absl::SleepFor(absl::Milliseconds(100));
+              }
+            },
+        .rejoined =
+            [&] {
+              // More than a few lookups, so that requests cut off in flight and delivered late do not count.
+              auto v = ReadMetric(servers_[1]->metrics_address(), "kvtier_lookup_requests_total");
+              return v.ok() && *v > lookups_at_heal + 5;
+            },
     };
     *run = Replay(plan, replication_factor);
     return true;
@@ -422,7 +435,9 @@ TEST_F(FaultTest, ServerRestartedWithAnEmptyDiskServesMissesNeverStaleBytes) {
   ASSERT_OK(misses);
   EXPECT_GT(*misses, 0) << "clients never asked the restarted server for a block it lost";
   auto checksum = ReadMetric(servers_[1]->metrics_address(), "kvtier_checksum_failures_total");
-  if (checksum.ok()) EXPECT_EQ(*checksum, 0);
+  if (checksum.ok()) {
+    EXPECT_EQ(*checksum, 0);
+  }
 
   // A fresh client replays the same requests: everything node-2 holds now was put after its restart
   // and comes back byte for byte.

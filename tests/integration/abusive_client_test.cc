@@ -31,8 +31,13 @@ Namespace TestNamespace() {
   Namespace ns;
   ns.tenant = "acme";
   ns.model = "abuse-test";
-  ns.layout = {.kind = LayoutKind::kStandard, .dtype = DType::kBf16, .num_layers = 2, .num_kv_heads = 2,
-               .head_dim = 32, .block_tokens = 16, .tp_size = 1};
+  ns.layout = {.kind = LayoutKind::kStandard,
+               .dtype = DType::kBf16,
+               .num_layers = 2,
+               .num_kv_heads = 2,
+               .head_dim = 32,
+               .block_tokens = 16,
+               .tp_size = 1};
   return ns;
 }
 
@@ -49,8 +54,11 @@ class AbusiveClientTest : public ::testing::Test {
   void SetUp() override {
     ns_ = TestNamespace();
     block_bytes_ = ns_.layout.ShardBytes();
-    server::ServerOptions o{.node_id = "node-a", .metrics_address = "", .host_cache_bytes = kBlocks * block_bytes_,
-                            .slab_bytes = kBlocks * block_bytes_, .max_block_bytes = block_bytes_};
+    server::ServerOptions o{.node_id = "node-a",
+                            .metrics_address = "",
+                            .host_cache_bytes = kBlocks * block_bytes_,
+                            .slab_bytes = kBlocks * block_bytes_,
+                            .max_block_bytes = block_bytes_};
     o.default_lease_ttl = absl::Milliseconds(300);
     o.max_lease_ttl = absl::Milliseconds(600);
     o.reservation_ttl = absl::Milliseconds(600);
@@ -61,8 +69,8 @@ class AbusiveClientTest : public ::testing::Test {
     auto c = Client::Connect({.members = {Address()}, .rpc_timeout = absl::Seconds(2), .transport = "grpc"});
     ASSERT_OK(c);
     client_ = std::move(c).value();
-    stub_ = v1::CacheService::NewStub(grpc::CreateCustomChannel(Address(), grpc::InsecureChannelCredentials(),
-                                                                 wire::ChannelArgs(80 << 20)));
+    stub_ = v1::CacheService::NewStub(
+        grpc::CreateCustomChannel(Address(), grpc::InsecureChannelCredentials(), wire::ChannelArgs(80 << 20)));
     wire::ToProto(ns_, &pns_);
   }
 
@@ -185,8 +193,8 @@ TEST_F(AbusiveClientTest, AConnectionFloodLeavesTheServerServing) {
     threads.emplace_back([&, t] {
       grpc::ChannelArguments args;
       args.SetInt("kvtier.flood_channel", t);  // a distinct channel (and connection) per thread
-      auto stub = v1::CacheService::NewStub(
-          grpc::CreateCustomChannel(Address(), grpc::InsecureChannelCredentials(), args));
+      auto stub =
+          v1::CacheService::NewStub(grpc::CreateCustomChannel(Address(), grpc::InsecureChannelCredentials(), args));
       for (int i = 0; i < 20; ++i) {
         v1::LookupRequest req;
         *req.mutable_namespace_() = pns_;

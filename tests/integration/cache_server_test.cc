@@ -27,8 +27,13 @@ Namespace TestNamespace(uint32_t block_tokens = 16) {
   Namespace ns;
   ns.tenant = "acme";
   ns.model = "llama-test";
-  ns.layout = {.kind = LayoutKind::kStandard, .dtype = DType::kBf16, .num_layers = 2, .num_kv_heads = 2,
-               .head_dim = 32, .block_tokens = block_tokens, .tp_size = 1};
+  ns.layout = {.kind = LayoutKind::kStandard,
+               .dtype = DType::kBf16,
+               .num_layers = 2,
+               .num_kv_heads = 2,
+               .head_dim = 32,
+               .block_tokens = block_tokens,
+               .tp_size = 1};
   return ns;
 }
 
@@ -42,7 +47,9 @@ std::vector<std::byte> BlockBytes(const Fingerprint& fp, uint64_t size) {
   std::vector<std::byte> b(size);
   uint64_t x = fp.RingPosition() | 1;
   for (auto& c : b) {
-    x ^= x << 13; x ^= x >> 7; x ^= x << 17;
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
     c = static_cast<std::byte>(x);
   }
   return b;
@@ -103,8 +110,8 @@ TEST_F(CacheServerTest, LookupAtBlockBoundaries) {
   auto all = ChainFingerprints(ns, tokens);
   ASSERT_OK(all);
   PutAll(ns, std::span(*all).first(2));  // blocks 0 and 1 cached
-  const std::pair<size_t, uint32_t> cases[] = {{0, 0}, {B - 1, 0}, {B, 1}, {B + 1, 1},
-                                              {2 * B - 1, 1}, {2 * B, 2}, {2 * B + 1, 2}, {3 * B, 2}};
+  const std::pair<size_t, uint32_t> cases[] = {{0, 0},         {B - 1, 0}, {B, 1},         {B + 1, 1},
+                                               {2 * B - 1, 1}, {2 * B, 2}, {2 * B + 1, 2}, {3 * B, 2}};
   for (auto [len, want] : cases) {
     auto fps = ChainFingerprints(ns, std::span(tokens).first(len));
     ASSERT_OK(fps);
@@ -196,8 +203,8 @@ class RawRequestTest : public CacheServerTest {
  protected:
   void SetUp() override {
     CacheServerTest::SetUp();
-    stub_ = v1::CacheService::NewStub(grpc::CreateCustomChannel(Address(), grpc::InsecureChannelCredentials(),
-                                                                 wire::ChannelArgs(80 << 20)));
+    stub_ = v1::CacheService::NewStub(
+        grpc::CreateCustomChannel(Address(), grpc::InsecureChannelCredentials(), wire::ChannelArgs(80 << 20)));
     wire::ToProto(TestNamespace(), &ns_);
   }
 

@@ -153,7 +153,8 @@ TEST_F(ClusterTest, ServerKilledDuringReplayTurnsIntoCountedMissesNeverErrorsOrW
 
 TEST_F(ClusterTest, TraceReplayBinaryReplaysTheChatTraceSlice) {
   const std::string trace = testing::SourceDir() + "/../shared/data/conversation_trace.jsonl";
-  std::string cmd = testing::BinaryDir() + "/bench/trace_replay/trace_replay --json --limit=300 --capacity_blocks=3000 " +
+  std::string cmd = testing::BinaryDir() +
+                    "/bench/trace_replay/trace_replay --json --limit=300 --capacity_blocks=3000 " +
                     "--members=" + members_[0] + "," + members_[1] + "," + members_[2];
   if (FILE* f = std::fopen(trace.c_str(), "r"); f != nullptr) {
     std::fclose(f);

@@ -24,8 +24,8 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include "absl/strings/str_cat.h"
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "kvtier/client/client.h"
 #include "kvtier/client/dns_resolver.h"
@@ -165,8 +165,12 @@ Namespace TestNamespace() {
   Namespace ns;
   ns.tenant = "acme";
   ns.model = "dns-test";
-  ns.layout = {.kind = LayoutKind::kMla, .dtype = DType::kFp8E4m3, .num_layers = 1, .latent_dim = 512,
-               .block_tokens = 1, .tp_size = 1};
+  ns.layout = {.kind = LayoutKind::kMla,
+               .dtype = DType::kFp8E4m3,
+               .num_layers = 1,
+               .latent_dim = 512,
+               .block_tokens = 1,
+               .tp_size = 1};
   return ns;
 }
 
@@ -270,8 +274,9 @@ TEST_F(DnsMembershipTest, ResolverAsksTheGivenServerOnAnyPort) {
             absl::StatusCode::kInvalidArgument);
   // Nothing listens on port 1: no answer is Unavailable (keep what you have), within the timeout.
   const absl::Time start = absl::Now();
-  EXPECT_EQ(client::ResolveMembers(absl::StrCat(kName, ":7400"), "127.0.0.1:1", absl::Milliseconds(300)).status().code(),
-            absl::StatusCode::kUnavailable);
+  EXPECT_EQ(
+      client::ResolveMembers(absl::StrCat(kName, ":7400"), "127.0.0.1:1", absl::Milliseconds(300)).status().code(),
+      absl::StatusCode::kUnavailable);
   EXPECT_LT(absl::Now() - start, absl::Seconds(2));
 }
 
@@ -280,8 +285,9 @@ TEST(ClientOptionsTest, MembershipAndHealthErrorsNameTheField) {
   auto message = [](ClientOptions o) { return std::string(o.Validate().message()); };
   EXPECT_TRUE(absl::StartsWith(message({}), "members:"));
   EXPECT_OK((ClientOptions{.members_dns = "kvtier-members.kvtier.svc.cluster.local:7400"}.Validate()));
-  EXPECT_OK((ClientOptions{.members = {"10.0.0.1:7400"}, .members_dns = "kvtier-members:7400",
-                           .dns_server = "127.0.0.1:5353"}.Validate()));
+  EXPECT_OK(
+      (ClientOptions{.members = {"10.0.0.1:7400"}, .members_dns = "kvtier-members:7400", .dns_server = "127.0.0.1:5353"}
+           .Validate()));
   EXPECT_TRUE(absl::StartsWith(message({.members_dns = "no-port"}), "members_dns:"));
   EXPECT_TRUE(absl::StartsWith(message({.members_dns = "a:0"}), "members_dns:"));
   EXPECT_TRUE(absl::StartsWith(message({.members_dns = "a:1", .dns_server = "x"}), "dns_server:"));
@@ -462,13 +468,14 @@ TEST_F(DnsMembershipTest, RingFollowsRecordsWhileTrafficSeesMissesButNoErrors) {
   EXPECT_EQ(c.stats().checksum_failures.load(), 0u);
   EXPECT_EQ(c.stats().ring_changes.load(), 2u);
   EXPECT_GT(c.stats().dns_resolutions.load(), 2u);
-  std::printf("dns membership: 3->4 moved %.3f of keys, ring changed %.0f ms after the record was added, "
-              "%llu misses (%zu of %zu working blocks moved); 4->3 moved %.3f, %.0f ms, %llu misses (%zu moved); "
-              "%llu traffic rounds, 0 errors\n",
-              moved_on_add, absl::ToDoubleMilliseconds(to_add), static_cast<unsigned long long>(misses_on_add),
-              work_moved_on_add, work.size(), moved_on_remove, absl::ToDoubleMilliseconds(to_remove),
-              static_cast<unsigned long long>(misses_on_remove), work_moved_on_remove,
-              static_cast<unsigned long long>(rounds.load()));
+  std::printf(
+      "dns membership: 3->4 moved %.3f of keys, ring changed %.0f ms after the record was added, "
+      "%llu misses (%zu of %zu working blocks moved); 4->3 moved %.3f, %.0f ms, %llu misses (%zu moved); "
+      "%llu traffic rounds, 0 errors\n",
+      moved_on_add, absl::ToDoubleMilliseconds(to_add), static_cast<unsigned long long>(misses_on_add),
+      work_moved_on_add, work.size(), moved_on_remove, absl::ToDoubleMilliseconds(to_remove),
+      static_cast<unsigned long long>(misses_on_remove), work_moved_on_remove,
+      static_cast<unsigned long long>(rounds.load()));
   RecordProperty("moved_on_add", std::to_string(moved_on_add));
   RecordProperty("moved_on_remove", std::to_string(moved_on_remove));
   RecordProperty("ms_to_ring_change_on_add", std::to_string(absl::ToDoubleMilliseconds(to_add)));
@@ -531,8 +538,7 @@ TEST_F(DnsMembershipTest, UnhealthyMemberLeavesTheRingAndReturnsWhenHealthy) {
 
   // A killed member (connection refused) is ejected the same way.
   servers_[2]->KillAndWait(SIGKILL);
-  const absl::Duration to_eject_killed =
-      WaitFor([&] { return !Ids(c.ring()).contains("node-3"); }, absl::Seconds(10));
+  const absl::Duration to_eject_killed = WaitFor([&] { return !Ids(c.ring()).contains("node-3"); }, absl::Seconds(10));
   EXPECT_EQ(Ids(c.ring()), (std::set<std::string>{"node-1", "node-2"}));
   EXPECT_LT(to_eject_killed, absl::Seconds(3));
   std::printf("health: SIGSTOP ejected after %.0f ms, back %.0f ms after SIGCONT; SIGKILL ejected after %.0f ms\n",
@@ -552,8 +558,8 @@ TEST_F(DnsMembershipTest, KvtierctlResolvesMembersWithTheSameDnsServerOption) {
   EXPECT_EQ(testing::RunCtl(absl::StrCat("--members-dns ", kName, ":", port_, " --dns-server bogus status")).exit_code,
             2);
   // A name without records: a warning, and with no member at all, exit 3.
-  EXPECT_EQ(testing::RunCtl(absl::StrCat("--members-dns missing.kvtier.test:", port_, " --dns-server ", dns_->server(),
-                                         " status"))
+  EXPECT_EQ(testing::RunCtl(
+                absl::StrCat("--members-dns missing.kvtier.test:", port_, " --dns-server ", dns_->server(), " status"))
                 .exit_code,
             3);
 }

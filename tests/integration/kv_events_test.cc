@@ -40,14 +40,15 @@ class KvEventsTest : public ::testing::Test {
     std::ofstream(config_) << "events:\n"
                               "  enabled: true\n"
                               "  pub_endpoint: tcp://127.0.0.1:0\n"
-                              "  replay_buffer_events: " << kReplayBufferEvents << "\n"
+                              "  replay_buffer_events: "
+                           << kReplayBufferEvents
+                           << "\n"
                               "  max_batch_events: 32\n"
                               "  heartbeat_interval: 100ms\n";
     for (int i = 1; i <= 3; ++i) {
       // 1 MiB of 4 KiB blocks per server: 256 blocks, so the workload evicts.
-      auto p = ServerProcess::Start("node-" + std::to_string(i),
-                                    {"--config=" + config_, "--host_cache_bytes=1MiB", "--slab_bytes=1MiB",
-                                     "--max_block_bytes=1MiB"});
+      auto p = ServerProcess::Start("node-" + std::to_string(i), {"--config=" + config_, "--host_cache_bytes=1MiB",
+                                                                  "--slab_bytes=1MiB", "--max_block_bytes=1MiB"});
       ASSERT_OK(p);
       members_.push_back((*p)->address());
       procs_.push_back(std::move(p).value());

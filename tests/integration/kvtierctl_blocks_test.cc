@@ -91,9 +91,7 @@ class KvtierctlBlocksTest : public ::testing::Test {
     return absl::StrCat("--members ", Members(), " --timeout-ms 5000 ", rest);
   }
   // The node id the cluster's ring gives `fp` to.
-  std::string Owner(const Fingerprint& fp) const {
-    return client_->ring().node_ids()[client_->ring().Primary(fp)];
-  }
+  std::string Owner(const Fingerprint& fp) const { return client_->ring().node_ids()[client_->ring().Primary(fp)]; }
   v1::GetStatsResponse Stats(size_t i) const {
     auto stub = v1::AdminService::NewStub(grpc::CreateChannel(addresses_[i], grpc::InsecureChannelCredentials()));
     grpc::ClientContext ctx;
@@ -146,7 +144,9 @@ TEST_F(KvtierctlBlocksTest, LsListsEveryBlockOnItsOwnerWithPagingAndFilters) {
   // The depth of each block is its index in the prompt, as the client reported it.
   for (const auto& b : j["blocks"]) {
     for (size_t i = 0; i < p->fps.size(); ++i) {
-      if (p->fps[i].Hex() == b["fingerprint"]) EXPECT_EQ(b["depth"].get<size_t>(), i);
+      if (p->fps[i].Hex() == b["fingerprint"]) {
+        EXPECT_EQ(b["depth"].get<size_t>(), i);
+      }
     }
   }
 
@@ -316,15 +316,16 @@ TEST_F(KvtierctlBlocksTest, LookupCountsTheLeadingCachedBlocksWithoutTouchingSer
   for (const Fingerprint& fp : p->fps) owners.insert(client_->ring().Primary(fp));
   EXPECT_EQ(lookups_after - lookups_before, owners.size());
 
-  const CtlResult table = RunCtl(Ctl(absl::StrCat("lookup ", kNamespaceFlags, " --tokens-file ", path, " --per-block")));
+  const CtlResult table =
+      RunCtl(Ctl(absl::StrCat("lookup ", kNamespaceFlags, " --tokens-file ", path, " --per-block")));
   EXPECT_EQ(table.exit_code, 0) << table.output;
   EXPECT_NE(table.output.find("cached prefix: 6 of 10 blocks (96 tokens"), std::string::npos) << table.output;
   EXPECT_NE(table.output.find("1 more block present after the first miss"), std::string::npos) << table.output;
   EXPECT_NE(table.output.find(p->fps[9].Hex()), std::string::npos) << table.output;
 
   // Another namespace (a different model): nothing cached.
-  const CtlResult miss = RunCtl(Ctl(absl::StrCat("lookup --tenant acme --model other ", kLayoutFlags,
-                                                 " --tokens-file ", path, " --json")));
+  const CtlResult miss = RunCtl(
+      Ctl(absl::StrCat("lookup --tenant acme --model other ", kLayoutFlags, " --tokens-file ", path, " --json")));
   EXPECT_EQ(miss.exit_code, 0) << miss.output;
   const nlohmann::json mj = ParseJson(miss.output);
   ASSERT_FALSE(mj.is_discarded()) << miss.output;
@@ -469,7 +470,9 @@ TEST_F(KvtierctlBlocksTest, DrainRefusesPutsAndHandsTheHottestBlocksToTheRingWit
   ASSERT_FALSE(ij.is_discarded()) << in.output;
   EXPECT_EQ(ij["found_on"].size(), 2u) << in.output;  // ctl-b still has it until it leaves
   for (const auto& m : ij["members"]) {
-    if (m["found"] == true) EXPECT_EQ(m["block"]["depth"].get<size_t>(), hot[1]) << m;
+    if (m["found"] == true) {
+      EXPECT_EQ(m["block"]["depth"].get<size_t>(), hot[1]) << m;
+    }
   }
 
   // Draining: ctl-b takes no new blocks, and says so.
@@ -533,7 +536,8 @@ TEST_F(KvtierctlBlocksTest, DrainWithoutTheNamespaceCountsTheBlocksItCannotRead)
   const int fd = mkstemp(path);
   ASSERT_GE(fd, 0);
   close(fd);
-  std::ofstream(path) << R"([{"tenant": "nobody", "model": "x", "layout": {"num_layers": 1, "num_kv_heads": 1, "head_dim": 8}},
+  std::ofstream(path)
+      << R"([{"tenant": "nobody", "model": "x", "layout": {"num_layers": 1, "num_kv_heads": 1, "head_dim": 8}},
     {"tenant": "acme", "model": "llama-ctl", "layout": {"kind": "standard", "dtype": "bf16", "num_layers": 2,
      "num_kv_heads": 2, "head_dim": 64, "block_tokens": 16}}])";
   const CtlResult f = RunCtl(Ctl(absl::StrCat("drain ctl-c --json --namespaces-file ", path)));
@@ -627,7 +631,8 @@ TEST_F(KvtierctlBlocksTest, LookupReportsTheBlocksOfAFrozenOwnerAbsentAndExitsTh
     std::ofstream out(path);
     for (uint32_t t : p->tokens) out << t << " ";
   }
-  const std::string lookup = absl::StrCat(" --timeout-ms 1500 lookup ", kNamespaceFlags, " --tokens-file ", path, " --json");
+  const std::string lookup =
+      absl::StrCat(" --timeout-ms 1500 lookup ", kNamespaceFlags, " --tokens-file ", path, " --json");
   const Frozen frozen(servers_[1]->pid());
 
   // Its node id given: ctl-b keeps its place on the ring and its blocks are reported unreachable.
@@ -657,8 +662,8 @@ TEST_F(KvtierctlBlocksTest, LookupReportsTheBlocksOfAFrozenOwnerAbsentAndExitsTh
   EXPECT_NE(u["errors"][0]["error"].get<std::string>().find("cannot be placed on the ring"), std::string::npos);
 
   // A member where nothing listens is the same.
-  const CtlResult closed = RunCtl(absl::StrCat("--members ctl-a=", addresses_[0], ",ctl-x=127.0.0.1:1,ctl-c=",
-                                               addresses_[2], lookup));
+  const CtlResult closed =
+      RunCtl(absl::StrCat("--members ctl-a=", addresses_[0], ",ctl-x=127.0.0.1:1,ctl-c=", addresses_[2], lookup));
   EXPECT_EQ(closed.exit_code, 3) << closed.output;
   unlink(path);
 }

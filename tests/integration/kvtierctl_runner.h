@@ -82,8 +82,7 @@ inline absl::Status PutPrompt(client::Client& c, const Namespace& ns, const Prom
   count = std::min(count, p.fps.size() - first);
   std::vector<std::span<const std::byte>> in;
   for (size_t i = first; i < first + count; ++i) in.emplace_back(p.data[i]);
-  auto put = c.Put(ns, std::span<const Fingerprint>(p.fps).subspan(first, count), 0, in,
-                   static_cast<uint32_t>(first));
+  auto put = c.Put(ns, std::span<const Fingerprint>(p.fps).subspan(first, count), 0, in, static_cast<uint32_t>(first));
   if (!put.ok()) return put.status();
   for (size_t i = 0; i < put->size(); ++i) {
     if ((*put)[i] != client::PutResult::kStored && (*put)[i] != client::PutResult::kAlreadyPresent) {

@@ -75,8 +75,8 @@ TEST_F(KvtierctlTest, StatusListsEveryMemberAndExitsZero) {
   EXPECT_NE(r.output.find("3/3 members up"), std::string::npos) << r.output;
 
   // The member list may come from KVTIER_MEMBERS instead of --members.
-  const std::string cmd = absl::StrCat("KVTIER_MEMBERS=", Members(), " ", testing::BinaryDir(),
-                                       "/cli/kvtierctl status >/dev/null 2>&1");
+  const std::string cmd =
+      absl::StrCat("KVTIER_MEMBERS=", Members(), " ", testing::BinaryDir(), "/cli/kvtierctl status >/dev/null 2>&1");
   const int status = std::system(cmd.c_str());
   ASSERT_TRUE(WIFEXITED(status));
   EXPECT_EQ(WEXITSTATUS(status), 0);
@@ -257,14 +257,14 @@ void ExpectUsageError(const std::string& args, const std::string& want) {
 }
 
 TEST(KvtierctlUsageTest, AMemberPortOutOfRangeOrAnEmptyHostIsNamed) {
-  for (const char* bad : {"127.0.0.1:100403", "127.0.0.1:65536", "127.0.0.1:-1", "127.0.0.1:0", "127.0.0.1:8x", ":80",
-                          "127.0.0.1:"}) {
+  for (const char* bad :
+       {"127.0.0.1:100403", "127.0.0.1:65536", "127.0.0.1:-1", "127.0.0.1:0", "127.0.0.1:8x", ":80", "127.0.0.1:"}) {
     ExpectUsageError(absl::StrCat("--members 127.0.0.1:1,", bad, " status"), absl::StrCat("\"", bad, "\""));
   }
   ExpectUsageError("--members =127.0.0.1:80 status", "empty node id");
   // The same check for $KVTIER_MEMBERS.
-  const std::string cmd = absl::StrCat("KVTIER_MEMBERS=127.0.0.1:100403 ", testing::BinaryDir(),
-                                       "/cli/kvtierctl status >/dev/null 2>&1");
+  const std::string cmd =
+      absl::StrCat("KVTIER_MEMBERS=127.0.0.1:100403 ", testing::BinaryDir(), "/cli/kvtierctl status >/dev/null 2>&1");
   const int status = std::system(cmd.c_str());
   ASSERT_TRUE(WIFEXITED(status));
   EXPECT_EQ(WEXITSTATUS(status), 2);
@@ -284,16 +284,18 @@ TEST(KvtierctlUsageTest, SecondsMustBeFinite) {
 TEST(KvtierctlUsageTest, TraceLineInputLengthMustFitAUint32) {
   for (const char* n : {"99999999999", "-5", "1.5", "\"7\""}) {
     ExpectUsageError(absl::StrCat("--members 127.0.0.1:1 lookup --replay-namespace --trace-line "
-                                  "'{\"hash_ids\": [1], \"input_length\": ", n, "}'"),
+                                  "'{\"hash_ids\": [1], \"input_length\": ",
+                                  n, "}'"),
                      "input_length");
   }
 }
 
 TEST(KvtierctlUsageTest, ATraceLineOfMoreTokensThanLookupTakesIsRefusedBeforeAllocating) {
   // One hash id of 2^32-1 tokens: 16 GiB of token ids if made.
-  ExpectUsageError("--members 127.0.0.1:1 lookup --tenant t --model m --num-layers 1 --kv-heads 1 --head-dim 1 "
-                   "--block-tokens 4294967295 --trace-line '{\"hash_ids\": [1]}'",
-                   "16777216 tokens");
+  ExpectUsageError(
+      "--members 127.0.0.1:1 lookup --tenant t --model m --num-layers 1 --kv-heads 1 --head-dim 1 "
+      "--block-tokens 4294967295 --trace-line '{\"hash_ids\": [1]}'",
+      "16777216 tokens");
   // 32769 hash ids of 512 tokens (--replay-namespace): 512 tokens more than the bound.
   std::vector<std::string> ids(32769, "0");
   ExpectUsageError(absl::StrCat("--members 127.0.0.1:1 lookup --replay-namespace --trace-line '{\"hash_ids\": [",
@@ -302,8 +304,9 @@ TEST(KvtierctlUsageTest, ATraceLineOfMoreTokensThanLookupTakesIsRefusedBeforeAll
 }
 
 TEST(KvtierctlUsageTest, ReplayNamespaceWithZeroBlockTokensNamesTheFlag) {
-  ExpectUsageError("--members 127.0.0.1:1 lookup --replay-namespace --block-tokens 0 --trace-line '{\"hash_ids\": [1]}'",
-                   "--block-tokens: must be > 0");
+  ExpectUsageError(
+      "--members 127.0.0.1:1 lookup --replay-namespace --block-tokens 0 --trace-line '{\"hash_ids\": [1]}'",
+      "--block-tokens: must be > 0");
 }
 
 TEST(KvtierctlUsageTest, AnUnreadableTlsFileIsAUsageError) {
@@ -312,8 +315,8 @@ TEST(KvtierctlUsageTest, AnUnreadableTlsFileIsAUsageError) {
 
 TEST(KvtierctlUsageTest, BadFlagsExitTwo) {
   EXPECT_EQ(RunCtl("--members 127.0.0.1:1 status --no-such-flag").exit_code, 2);
-  EXPECT_EQ(RunCtl("--members 127.0.0.1:1").exit_code, 2);                      // no subcommand
-  EXPECT_EQ(RunCtl("status").exit_code, 2);                                      // no members
+  EXPECT_EQ(RunCtl("--members 127.0.0.1:1").exit_code, 2);  // no subcommand
+  EXPECT_EQ(RunCtl("status").exit_code, 2);                 // no members
   EXPECT_EQ(RunCtl("--members not-an-address status").exit_code, 2);
   EXPECT_EQ(RunCtl("--members 127.0.0.1:1 --timeout-ms 0 status").exit_code, 2);
   EXPECT_EQ(RunCtl("--members 127.0.0.1:1 stats --interval-s -1").exit_code, 2);

@@ -66,8 +66,8 @@ std::vector<uint32_t> Tokens(uint64_t seed, size_t n, uint32_t vocab) {
 
 // base[0, shared) followed by `suffix_len` other tokens; the first of them differs from base[shared],
 // so exactly `shared` tokens are common to both prompts.
-std::vector<uint32_t> Diverging(const std::vector<uint32_t>& base, size_t shared, size_t suffix_len,
-                                uint64_t seed, uint32_t vocab) {
+std::vector<uint32_t> Diverging(const std::vector<uint32_t>& base, size_t shared, size_t suffix_len, uint64_t seed,
+                                uint32_t vocab) {
   std::vector<uint32_t> p(base.begin(), base.begin() + shared);
   std::vector<uint32_t> suffix = Tokens(seed, suffix_len, vocab);
   if (shared < base.size() && suffix[0] == base[shared]) suffix[0] = (suffix[0] + 1) % vocab;
@@ -97,8 +97,10 @@ class ReferenceWorkerFixture : public ::testing::Test {
     for (int i = 1; i <= servers; ++i) {
       // 1 MiB slabs, so blocks of two sizes (plain and int8) both fit: with one 64 MiB slab the second
       // size class would take the only slab and evict every block of the first.
-      auto s = server::Server::Start({.node_id = "node-" + std::to_string(i), .metrics_address = "",
-                                      .host_cache_bytes = 64ULL << 20, .slab_bytes = 1ULL << 20,
+      auto s = server::Server::Start({.node_id = "node-" + std::to_string(i),
+                                      .metrics_address = "",
+                                      .host_cache_bytes = 64ULL << 20,
+                                      .slab_bytes = 1ULL << 20,
                                       .max_block_bytes = 1ULL << 20});
       ASSERT_OK(s);
       members.push_back("127.0.0.1:" + std::to_string((*s)->grpc_port()));
@@ -233,8 +235,8 @@ TEST_P(ReferenceWorkerTest, LogitsWithFetchedKvMatchFullRecompute) {
   if (codec != Codec::kNone) {
     // The fetched (lossy) KV really is what the logits were computed from.
     EXPECT_TRUE(some_quantized_logits_differ);
-    std::printf("[ reference ] %s, %d server(s): worst max|dlogit| / max|logit| = %.5f, bound %.5f\n",
-                CodecName(codec), GetParam().servers, worst_ratio, LogitBound(codec));
+    std::printf("[ reference ] %s, %d server(s): worst max|dlogit| / max|logit| = %.5f, bound %.5f\n", CodecName(codec),
+                GetParam().servers, worst_ratio, LogitBound(codec));
   }
 }
 
@@ -262,13 +264,14 @@ TEST_F(ReferenceWorkerNamespaceTest, CodecsLiveInSeparateNamespaces) {
   EXPECT_EQ(again->fetched_blocks, 3u);
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    ServersAndCodecs, ReferenceWorkerTest,
-    ::testing::Values(Param{1, Codec::kNone}, Param{3, Codec::kNone}, Param{1, Codec::kInt8},
-                      Param{3, Codec::kInt8}, Param{1, Codec::kFp8E4m3}, Param{3, Codec::kFp8E4m3}),
-    [](const ::testing::TestParamInfo<Param>& info) {
-      return std::string(CodecName(info.param.codec)) + "_" + std::to_string(info.param.servers) + "servers";
-    });
+INSTANTIATE_TEST_SUITE_P(ServersAndCodecs, ReferenceWorkerTest,
+                         ::testing::Values(Param{1, Codec::kNone}, Param{3, Codec::kNone}, Param{1, Codec::kInt8},
+                                           Param{3, Codec::kInt8}, Param{1, Codec::kFp8E4m3},
+                                           Param{3, Codec::kFp8E4m3}),
+                         [](const ::testing::TestParamInfo<Param>& info) {
+                           return std::string(CodecName(info.param.codec)) + "_" + std::to_string(info.param.servers) +
+                                  "servers";
+                         });
 
 }  // namespace
 }  // namespace kvtier

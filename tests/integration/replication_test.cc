@@ -6,9 +6,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <fstream>
-#include <cstdint>
 #include <memory>
 #include <numeric>
 #include <set>
@@ -36,8 +36,12 @@ Namespace ReplNamespace(const std::string& model = "repl-test") {
   Namespace ns;
   ns.tenant = "acme";
   ns.model = model;
-  ns.layout = {.kind = LayoutKind::kMla, .dtype = DType::kFp8E4m3, .num_layers = 1, .latent_dim = 512,
-               .block_tokens = 1, .tp_size = 1};
+  ns.layout = {.kind = LayoutKind::kMla,
+               .dtype = DType::kFp8E4m3,
+               .num_layers = 1,
+               .latent_dim = 512,
+               .block_tokens = 1,
+               .tp_size = 1};
   return ns;
 }
 
@@ -275,7 +279,8 @@ TEST_F(ReplicationTest, AHintedReplicaReachesItsOwnerWhenItResumes) {
       if (!on_both_owners(fp)) return false;
     }
     return true;
-  })) << "delivered " << c->stats().hints_delivered.load() << " of " << c->stats().hints_queued.load() << " hints";
+  })) << "delivered "
+      << c->stats().hints_delivered.load() << " of " << c->stats().hints_queued.load() << " hints";
   for (const Fingerprint& fp : fps) EXPECT_TRUE(on_both_owners(fp)) << fp.Hex();
   EXPECT_EQ(c->stats().hints_dropped.load(), 0u);
 }
@@ -318,7 +323,9 @@ TEST_F(ReplicationTest, HotBlockReadsSpreadOverTheirOwners) {
     for (int r = 0; r < 30; ++r) {
       auto hit = c->LookupPrefix(ns, fps);
       EXPECT_OK(hit);
-      if (hit.ok()) EXPECT_EQ(hit->prefix_blocks, fps.size());
+      if (hit.ok()) {
+        EXPECT_EQ(hit->prefix_blocks, fps.size());
+      }
       EXPECT_EQ(GetAll(*c, ns, fps), fps.size());
     }
     std::vector<v1::GetStatsResponse> after;

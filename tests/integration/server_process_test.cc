@@ -235,8 +235,10 @@ TEST(ServerProcessTest, ASecondServerOnAPortInUseRefusesToStart) {
 
 TEST(ServerProcessTest, AnUnreadableFileTheConfigNamesIsAUsageError) {
   std::string out;
-  const int status = RunServer("--node_id=x --metrics_address=none --listen_address=127.0.0.1:0 "
-                               "--config=/nonexistent/kvtier-server.yaml", out);
+  const int status = RunServer(
+      "--node_id=x --metrics_address=none --listen_address=127.0.0.1:0 "
+      "--config=/nonexistent/kvtier-server.yaml",
+      out);
   ASSERT_TRUE(WIFEXITED(status)) << out;
   EXPECT_EQ(WEXITSTATUS(status), 2) << out;
   const std::string path = WriteConfig("tls:\n  cert_file: /nonexistent/cert.pem\n  key_file: /nonexistent/key.pem\n");

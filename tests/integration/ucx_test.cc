@@ -37,8 +37,12 @@ Namespace NamespaceOfBlockBytes(uint64_t bytes, const std::string& model = "ucx-
   Namespace ns;
   ns.tenant = "acme";
   ns.model = model;
-  ns.layout = {.kind = LayoutKind::kMla, .dtype = DType::kFp8E4m3, .num_layers = 1,
-               .latent_dim = static_cast<uint32_t>(bytes), .block_tokens = 1, .tp_size = 1};
+  ns.layout = {.kind = LayoutKind::kMla,
+               .dtype = DType::kFp8E4m3,
+               .num_layers = 1,
+               .latent_dim = static_cast<uint32_t>(bytes),
+               .block_tokens = 1,
+               .tp_size = 1};
   return ns;
 }
 
@@ -56,7 +60,9 @@ std::vector<std::byte> BlockBytes(const Fingerprint& fp, uint64_t size) {
   uint64_t x = fp.RingPosition() | 1;
   size_t i = 0;
   for (; i + 8 <= size; i += 8) {
-    x ^= x << 13; x ^= x >> 7; x ^= x << 17;
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
     std::memcpy(&b[i], &x, 8);
   }
   for (; i < size; ++i) b[i] = static_cast<std::byte>(x >> (8 * (i % 8)));
@@ -108,17 +114,24 @@ class UcxInProcessTest : public ::testing::TestWithParam<std::string> {
  protected:
   void StartServer(uint64_t host_bytes = 256ULL << 20, uint64_t slab_bytes = 64ULL << 20,
                    uint64_t max_block_bytes = 64ULL << 20) {
-    auto s = server::Server::Start({.node_id = "node-a", .metrics_address = "", .host_cache_bytes = host_bytes,
-                                    .slab_bytes = slab_bytes, .max_block_bytes = max_block_bytes,
-                                    .ucx_listen_address = "127.0.0.1:0", .ucx_transports = GetParam()});
+    auto s = server::Server::Start({.node_id = "node-a",
+                                    .metrics_address = "",
+                                    .host_cache_bytes = host_bytes,
+                                    .slab_bytes = slab_bytes,
+                                    .max_block_bytes = max_block_bytes,
+                                    .ucx_listen_address = "127.0.0.1:0",
+                                    .ucx_transports = GetParam()});
     ASSERT_OK(s);
     server_ = std::move(s).value();
     ASSERT_GT(server_->ucx_port(), 0);
   }
   std::unique_ptr<Client> Connect(const std::string& transport = "ucx", uint64_t max_block_bytes = 64ULL << 20,
                                   absl::Duration timeout = absl::Seconds(5)) {
-    auto c = Client::Connect({.members = {Address()}, .rpc_timeout = timeout, .max_block_bytes = max_block_bytes,
-                              .transport = transport, .ucx_transports = GetParam()});
+    auto c = Client::Connect({.members = {Address()},
+                              .rpc_timeout = timeout,
+                              .max_block_bytes = max_block_bytes,
+                              .transport = transport,
+                              .ucx_transports = GetParam()});
     EXPECT_TRUE(c.ok()) << c.status();
     return c.ok() ? std::move(c).value() : nullptr;
   }
@@ -154,14 +167,17 @@ TEST_P(UcxInProcessTest, PutThenGetRoundTripsOverUcx) {
 // A server that requires tokens takes no lease over UCX (no credential travels there): the client
 // leases over gRPC, with its token, and the bytes still move over UCX.
 TEST_P(UcxInProcessTest, AServerWithTokensLeasesOverGrpcOnly) {
-  server::ServerOptions o{.node_id = "node-t", .metrics_address = "", .host_cache_bytes = 64ULL << 20,
-                          .ucx_listen_address = "127.0.0.1:0", .ucx_transports = GetParam()};
+  server::ServerOptions o{.node_id = "node-t",
+                          .metrics_address = "",
+                          .host_cache_bytes = 64ULL << 20,
+                          .ucx_listen_address = "127.0.0.1:0",
+                          .ucx_transports = GetParam()};
   o.auth_tokens = {{.token_sha256 = server::Sha256Hex("worker-token"), .tenant = "acme", .role = "worker"}};
   auto s = server::Server::Start(o);
   ASSERT_OK(s);
   const std::string address = "127.0.0.1:" + std::to_string((*s)->grpc_port());
-  auto c = Client::Connect({.members = {address}, .transport = "ucx", .ucx_transports = GetParam(),
-                            .auth_token = "worker-token"});
+  auto c = Client::Connect(
+      {.members = {address}, .transport = "ucx", .ucx_transports = GetParam(), .auth_token = "worker-token"});
   ASSERT_OK(c);
   const Namespace ns = NamespaceOfBlockBytes(128 << 10);
   PutThenGetEveryByte(**c, ns, Fingerprints(ns, 4));
@@ -183,7 +199,7 @@ TEST_P(UcxInProcessTest, MissesAndHitsMixInOneBatch) {
   std::vector<std::span<std::byte>> views(out.begin(), out.end());
   auto got = c->Get(ns, fps, 0, views);
   ASSERT_OK(got);
-  const std::vector<GetResult> want = {GetResult::kHit, GetResult::kMiss, GetResult::kHit,
+  const std::vector<GetResult> want = {GetResult::kHit,  GetResult::kMiss, GetResult::kHit,
                                        GetResult::kMiss, GetResult::kMiss, GetResult::kHit};
   EXPECT_EQ(*got, want);
   EXPECT_TRUE(out[2] == in.data[1]);
@@ -256,7 +272,9 @@ TEST_P(UcxInProcessTest, ServerStoppedMidTransferGivesMissesWithinTheDeadline) {
       if (!got.ok()) break;
       for (size_t i = 0; i < got->size(); ++i) {
         EXPECT_TRUE((*got)[i] == GetResult::kHit || (*got)[i] == GetResult::kMissFromError);
-        if ((*got)[i] == GetResult::kHit) EXPECT_TRUE(out[i] == in.data[i]);
+        if ((*got)[i] == GetResult::kHit) {
+          EXPECT_TRUE(out[i] == in.data[i]);
+        }
       }
       calls.fetch_add(1);
     }
@@ -324,8 +342,8 @@ TEST_P(UcxInProcessTest, AnyNumberOfGetLanesGivesTheSameBytes) {
   const Namespace ns = NamespaceOfBlockBytes(300 << 10);
   const auto fps = Fingerprints(ns, 5);
   for (int lanes : {1, 2, 7}) {
-    auto c = Client::Connect({.members = {Address()}, .transport = "ucx", .ucx_transports = GetParam(),
-                              .ucx_get_lanes = lanes});
+    auto c = Client::Connect(
+        {.members = {Address()}, .transport = "ucx", .ucx_transports = GetParam(), .ucx_get_lanes = lanes});
     ASSERT_OK(c);
     PutThenGetEveryByte(**c, ns, fps);
     EXPECT_EQ((*c)->stats().ucx_get_blocks.load(), fps.size()) << lanes << " lanes";
@@ -407,10 +425,9 @@ bool StopAndWait(pid_t pid) {
 class UcxProcessTest : public ::testing::Test {
  protected:
   static absl::StatusOr<std::unique_ptr<testing::ServerProcess>> StartNode(const std::string& node_id,
-                                                                          int grpc_port = 0) {
-    return testing::ServerProcess::Start(
-        node_id, {"--ucx_listen_address=127.0.0.1:0", "--host_cache_bytes=536870912",
-                  absl::StrCat("--listen_address=127.0.0.1:", grpc_port)});
+                                                                           int grpc_port = 0) {
+    return testing::ServerProcess::Start(node_id, {"--ucx_listen_address=127.0.0.1:0", "--host_cache_bytes=536870912",
+                                                   absl::StrCat("--listen_address=127.0.0.1:", grpc_port)});
   }
 };
 
@@ -420,8 +437,10 @@ TEST_F(UcxProcessTest, EndpointIsReusedAndReconnectsAfterARestart) {
   ASSERT_GT((*node)->ucx_port(), 0);
   const int grpc_port = (*node)->grpc_port();
   const std::string address = (*node)->address();
-  auto c = Client::Connect({.members = {"node-r=" + address}, .rpc_timeout = absl::Seconds(2),
-                            .transport = "ucx", .ucx_reconnect_backoff = absl::Milliseconds(200)});
+  auto c = Client::Connect({.members = {"node-r=" + address},
+                            .rpc_timeout = absl::Seconds(2),
+                            .transport = "ucx",
+                            .ucx_reconnect_backoff = absl::Milliseconds(200)});
   ASSERT_OK(c);
   Client& cl = **c;
   const Namespace ns = NamespaceOfBlockBytes(1 << 20);
@@ -484,7 +503,9 @@ TEST_F(UcxProcessTest, ServerKilledMidTransferGivesMissesWithinTheDeadline) {
       if (!got.ok()) break;
       for (size_t i = 0; i < got->size(); ++i) {
         EXPECT_TRUE((*got)[i] == GetResult::kHit || (*got)[i] == GetResult::kMissFromError);
-        if ((*got)[i] == GetResult::kHit) EXPECT_TRUE(out[i] == in.data[i]);
+        if ((*got)[i] == GetResult::kHit) {
+          EXPECT_TRUE(out[i] == in.data[i]);
+        }
       }
       calls.fetch_add(1);
     }
@@ -507,8 +528,10 @@ TEST_F(UcxProcessTest, CallersDoNotQueueBehindAReconnectToAStoppedServer) {
   auto node = StartNode("node-s");
   ASSERT_OK(node);
   const absl::Duration timeout = absl::Seconds(1);
-  auto c = Client::Connect({.members = {"node-s=" + (*node)->address()}, .rpc_timeout = timeout,
-                            .transport = "auto", .ucx_reconnect_backoff = absl::Milliseconds(50)});
+  auto c = Client::Connect({.members = {"node-s=" + (*node)->address()},
+                            .rpc_timeout = timeout,
+                            .transport = "auto",
+                            .ucx_reconnect_backoff = absl::Milliseconds(50)});
   ASSERT_OK(c);
   Client& cl = **c;
   const Namespace ns = NamespaceOfBlockBytes(64 << 10);
@@ -551,8 +574,7 @@ TEST_F(UcxProcessTest, AServerThatAnswersTheLeaseLateServesTheGetOverGrpc) {
   auto node = StartNode("node-l");
   ASSERT_OK(node);
   const absl::Duration timeout = absl::Seconds(2);
-  auto c = Client::Connect({.members = {"node-l=" + (*node)->address()}, .rpc_timeout = timeout,
-                            .transport = "auto"});
+  auto c = Client::Connect({.members = {"node-l=" + (*node)->address()}, .rpc_timeout = timeout, .transport = "auto"});
   ASSERT_OK(c);
   Client& cl = **c;
   const Namespace ns = NamespaceOfBlockBytes(64 << 10);
@@ -587,8 +609,10 @@ TEST_F(UcxProcessTest, APutToAStoppedOwnerWaitsForOneBatchNotEvery) {
   auto node = StartNode("node-p");
   ASSERT_OK(node);
   const absl::Duration timeout = absl::Milliseconds(500);
-  auto c = Client::Connect({.members = {"node-p=" + (*node)->address()}, .rpc_timeout = timeout,
-                            .put_batch_blocks = 4, .transport = "auto"});
+  auto c = Client::Connect({.members = {"node-p=" + (*node)->address()},
+                            .rpc_timeout = timeout,
+                            .put_batch_blocks = 4,
+                            .transport = "auto"});
   ASSERT_OK(c);
   const Namespace ns = NamespaceOfBlockBytes(64 << 10);
   const auto fps = Fingerprints(ns, 40);  // 10 batches of 4
@@ -609,9 +633,13 @@ TEST_F(UcxProcessTest, APutToAStoppedOwnerWaitsForOneBatchNotEvery) {
 // A client process killed mid-transfer must not leave slots pinned: the server cancels or force-closes
 // its transfers after ucx.transfer_timeout, and its leases and reservations then expire as usual.
 TEST(UcxServerCleanupTest, ClientKilledMidTransferLeavesNothingPinned) {
-  auto s = server::Server::Start({.node_id = "node-c", .metrics_address = "", .host_cache_bytes = 512ULL << 20,
-                                  .default_lease_ttl = absl::Seconds(1), .reservation_ttl = absl::Seconds(1),
-                                  .expiry_interval = absl::Milliseconds(100), .ucx_listen_address = "127.0.0.1:0",
+  auto s = server::Server::Start({.node_id = "node-c",
+                                  .metrics_address = "",
+                                  .host_cache_bytes = 512ULL << 20,
+                                  .default_lease_ttl = absl::Seconds(1),
+                                  .reservation_ttl = absl::Seconds(1),
+                                  .expiry_interval = absl::Milliseconds(100),
+                                  .ucx_listen_address = "127.0.0.1:0",
                                   .ucx_transfer_timeout = absl::Milliseconds(500)});
   ASSERT_OK(s);
   const std::string address = "127.0.0.1:" + std::to_string((*s)->grpc_port());

@@ -179,7 +179,8 @@ class FakeNcclApi final : public nccl::NcclApi {
       s.pop_front();
       r.pop_front();
       bool same = send.spans.size() == recv.spans.size();
-      for (size_t i = 0; same && i < send.spans.size(); ++i) same = send.spans[i].size_bytes == recv.spans[i].size_bytes;
+      for (size_t i = 0; same && i < send.spans.size(); ++i)
+        same = send.spans[i].size_bytes == recv.spans[i].size_bytes;
       if (!same) {
         send.comm->error = recv.comm->error = "mismatched send and receive sizes";
         continue;

@@ -45,9 +45,12 @@ class ServerProcess {
     p->dir_ = dir_template;
     p->node_id_ = node_id;
     const std::string port_file = p->dir_ + "/port";
-    std::vector<std::string> args = {BinaryDir() + "/cache_server/kvtier-server", "--node_id=" + node_id,
-                                     "--port_file=" + port_file, "--listen_address=127.0.0.1:0",
-                                     "--metrics_address=127.0.0.1:0", "--host_cache_bytes=67108864"};
+    std::vector<std::string> args = {BinaryDir() + "/cache_server/kvtier-server",
+                                     "--node_id=" + node_id,
+                                     "--port_file=" + port_file,
+                                     "--listen_address=127.0.0.1:0",
+                                     "--metrics_address=127.0.0.1:0",
+                                     "--host_cache_bytes=67108864"};
     for (auto& a : extra_args) args.push_back(std::move(a));
     // Everything the child needs is built before fork(): a child of a multi-threaded process may only
     // call async-signal-safe functions until it execs.
@@ -68,7 +71,7 @@ class ServerProcess {
     while (std::chrono::steady_clock::now() < deadline) {
       std::ifstream in(port_file);
       if (in >> p->grpc_port_ >> p->metrics_port_) {
-        if (!(in >> p->ucx_port_)) p->ucx_port_ = 0;  // third number: the UCX port, 0 without UCX
+        if (!(in >> p->ucx_port_)) p->ucx_port_ = 0;        // third number: the UCX port, 0 without UCX
         if (!(in >> p->health_port_)) p->health_port_ = 0;  // fourth: the plain health port, if any
         return p;
       }

@@ -78,7 +78,8 @@ kvtier_status_code Guard(kvtier_error_t* error, F&& body) noexcept {
 // Copies `n` packed 32-byte fingerprints into Fingerprint values (32 bytes per block: cheap next to I/O).
 std::vector<kvtier::Fingerprint> Fingerprints(const uint8_t* packed, size_t n) {
   std::vector<kvtier::Fingerprint> out(n);
-  for (size_t i = 0; i < n; ++i) std::memcpy(out[i].bytes.data(), packed + i * KVTIER_FINGERPRINT_BYTES, KVTIER_FINGERPRINT_BYTES);
+  for (size_t i = 0; i < n; ++i)
+    std::memcpy(out[i].bytes.data(), packed + i * KVTIER_FINGERPRINT_BYTES, KVTIER_FINGERPRINT_BYTES);
   return out;
 }
 
@@ -88,23 +89,40 @@ extern "C" {
 
 const char* kvtier_status_code_name(kvtier_status_code code) {
   switch (code) {
-    case KVTIER_OK: return "OK";
-    case KVTIER_CANCELLED: return "CANCELLED";
-    case KVTIER_UNKNOWN: return "UNKNOWN";
-    case KVTIER_INVALID_ARGUMENT: return "INVALID_ARGUMENT";
-    case KVTIER_DEADLINE_EXCEEDED: return "DEADLINE_EXCEEDED";
-    case KVTIER_NOT_FOUND: return "NOT_FOUND";
-    case KVTIER_ALREADY_EXISTS: return "ALREADY_EXISTS";
-    case KVTIER_PERMISSION_DENIED: return "PERMISSION_DENIED";
-    case KVTIER_RESOURCE_EXHAUSTED: return "RESOURCE_EXHAUSTED";
-    case KVTIER_FAILED_PRECONDITION: return "FAILED_PRECONDITION";
-    case KVTIER_ABORTED: return "ABORTED";
-    case KVTIER_OUT_OF_RANGE: return "OUT_OF_RANGE";
-    case KVTIER_UNIMPLEMENTED: return "UNIMPLEMENTED";
-    case KVTIER_INTERNAL: return "INTERNAL";
-    case KVTIER_UNAVAILABLE: return "UNAVAILABLE";
-    case KVTIER_DATA_LOSS: return "DATA_LOSS";
-    case KVTIER_UNAUTHENTICATED: return "UNAUTHENTICATED";
+    case KVTIER_OK:
+      return "OK";
+    case KVTIER_CANCELLED:
+      return "CANCELLED";
+    case KVTIER_UNKNOWN:
+      return "UNKNOWN";
+    case KVTIER_INVALID_ARGUMENT:
+      return "INVALID_ARGUMENT";
+    case KVTIER_DEADLINE_EXCEEDED:
+      return "DEADLINE_EXCEEDED";
+    case KVTIER_NOT_FOUND:
+      return "NOT_FOUND";
+    case KVTIER_ALREADY_EXISTS:
+      return "ALREADY_EXISTS";
+    case KVTIER_PERMISSION_DENIED:
+      return "PERMISSION_DENIED";
+    case KVTIER_RESOURCE_EXHAUSTED:
+      return "RESOURCE_EXHAUSTED";
+    case KVTIER_FAILED_PRECONDITION:
+      return "FAILED_PRECONDITION";
+    case KVTIER_ABORTED:
+      return "ABORTED";
+    case KVTIER_OUT_OF_RANGE:
+      return "OUT_OF_RANGE";
+    case KVTIER_UNIMPLEMENTED:
+      return "UNIMPLEMENTED";
+    case KVTIER_INTERNAL:
+      return "INTERNAL";
+    case KVTIER_UNAVAILABLE:
+      return "UNAVAILABLE";
+    case KVTIER_DATA_LOSS:
+      return "DATA_LOSS";
+    case KVTIER_UNAUTHENTICATED:
+      return "UNAUTHENTICATED";
   }
   return "UNKNOWN_CODE";
 }
@@ -135,8 +153,8 @@ kvtier_status_code kvtier_namespace_create(const char* tenant, const char* model
   if (model == nullptr) return Invalid("model: must not be NULL", error);
   if (layout == nullptr) return Invalid("layout: must not be NULL", error);
   if (layout->struct_size < sizeof(kvtier_kv_layout_t)) {
-    return Invalid(absl::StrCat("layout.struct_size: is ", layout->struct_size, ", want ",
-                                sizeof(kvtier_kv_layout_t), " (call kvtier_kv_layout_init first)"),
+    return Invalid(absl::StrCat("layout.struct_size: is ", layout->struct_size, ", want ", sizeof(kvtier_kv_layout_t),
+                                " (call kvtier_kv_layout_init first)"),
                    error);
   }
   return Guard(error, [&]() -> absl::Status {
@@ -196,8 +214,8 @@ kvtier_status_code kvtier_fingerprint_tokens(const kvtier_namespace_t* ns, const
   const size_t needed = num_tokens / ns->ns.layout.block_tokens;
   if (needed > out_capacity) {
     *out_count = needed;
-    return Report(absl::OutOfRangeError(absl::StrCat("out_capacity: room for ", out_capacity, " fingerprints, ",
-                                                     needed, " needed")),
+    return Report(absl::OutOfRangeError(
+                      absl::StrCat("out_capacity: room for ", out_capacity, " fingerprints, ", needed, " needed")),
                   error);
   }
   if (out_fingerprints == nullptr && needed > 0) return Invalid("out_fingerprints: must not be NULL", error);
@@ -218,10 +236,10 @@ kvtier_status_code kvtier_fingerprint_tokens(const kvtier_namespace_t* ns, const
         if (m.content_hash == nullptr) {
           return absl::InvalidArgumentError(absl::StrCat("extra.multimodal[", i, "].content_hash: NULL"));
         }
-        keys.multimodal.push_back({.content_hash = std::string(static_cast<const char*>(m.content_hash),
-                                                               m.content_hash_bytes),
-                                   .offset_tokens = m.offset_tokens,
-                                   .length_tokens = m.length_tokens});
+        keys.multimodal.push_back(
+            {.content_hash = std::string(static_cast<const char*>(m.content_hash), m.content_hash_bytes),
+             .offset_tokens = m.offset_tokens,
+             .length_tokens = m.length_tokens});
       }
     }
     auto fps = kvtier::ChainFingerprints(ns->ns, std::span<const uint32_t>(tokens, num_tokens), keys);
@@ -264,7 +282,8 @@ kvtier_status_code kvtier_client_connect(const kvtier_client_options_t* options,
   return Guard(error, [&]() -> absl::Status {
     kvtier::client::ClientOptions o;
     for (size_t i = 0; i < options->num_members; ++i) {
-      if (options->members[i] == nullptr) return absl::InvalidArgumentError(absl::StrCat("options.members[", i, "]: NULL"));
+      if (options->members[i] == nullptr)
+        return absl::InvalidArgumentError(absl::StrCat("options.members[", i, "]: NULL"));
       o.members.emplace_back(options->members[i]);
     }
     o.rpc_timeout = absl::Milliseconds(options->rpc_timeout_ms);

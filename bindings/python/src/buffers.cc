@@ -22,9 +22,12 @@ bool HostAddressable(int32_t device_type) {
 
 std::string DeviceName(int32_t device_type) {
   switch (device_type) {
-    case dlpack::kCuda: return "CUDA";
-    case dlpack::kRocm: return "ROCm";
-    default: return absl::StrCat("DLPack device type ", device_type);
+    case dlpack::kCuda:
+      return "CUDA";
+    case dlpack::kRocm:
+      return "ROCm";
+    default:
+      return absl::StrCat("DLPack device type ", device_type);
   }
 }
 
@@ -53,9 +56,9 @@ BorrowedBuffer BorrowedBuffer::Acquire(py::handle obj, bool writable, const std:
     auto view = std::make_unique<Py_buffer>();
     if (PyObject_GetBuffer(obj.ptr(), view.get(), flags) != 0) {
       py::error_already_set e;
-      throw py::buffer_error(absl::StrCat(what, ": ", e.what(),
-                                          writable ? " (get needs writable, C-contiguous memory)"
-                                                   : " (put needs C-contiguous memory)"));
+      throw py::buffer_error(
+          absl::StrCat(what, ": ", e.what(),
+                       writable ? " (get needs writable, C-contiguous memory)" : " (put needs C-contiguous memory)"));
     }
     b.view_ = std::move(view);
     b.data_ = static_cast<std::byte*>(b.view_->buf);
@@ -94,8 +97,8 @@ BorrowedBuffer BorrowedBuffer::Acquire(py::handle obj, bool writable, const std:
     int64_t expected = 1;  // compact row-major strides, ignoring dimensions of extent 1
     for (int32_t d = t.ndim - 1; d >= 0; --d) {
       if (t.shape[d] != 1 && t.strides[d] != expected) {
-        throw py::buffer_error(absl::StrCat(what, ": DLPack tensor is not C-contiguous (dimension ", d,
-                                            " has stride ", t.strides[d], ", want ", expected,
+        throw py::buffer_error(absl::StrCat(what, ": DLPack tensor is not C-contiguous (dimension ", d, " has stride ",
+                                            t.strides[d], ", want ", expected,
                                             "); pass a contiguous tensor (.contiguous())"));
       }
       expected *= t.shape[d];

@@ -47,9 +47,9 @@ class BorrowedBuffer {
 
   std::byte* data_ = nullptr;
   uint64_t size_bytes_ = 0;
-  std::unique_ptr<Py_buffer> view_;            // held buffer-protocol view; heap-allocated because some
-                                               // exporters point view.shape into the struct itself
-  dlpack::ManagedTensor* managed_ = nullptr;    // owned (deleter called) when set
+  std::unique_ptr<Py_buffer> view_;           // held buffer-protocol view; heap-allocated because some
+                                              // exporters point view.shape into the struct itself
+  dlpack::ManagedTensor* managed_ = nullptr;  // owned (deleter called) when set
 };
 
 // The memory of `n` blocks of `block_bytes` each, taken from either

@@ -12,7 +12,7 @@ namespace kvtier::python::dlpack {
 enum DeviceType : int32_t {
   kCpu = 1,
   kCuda = 2,
-  kCudaHost = 3,      // pinned host memory: host-addressable
+  kCudaHost = 3,  // pinned host memory: host-addressable
   kRocm = 10,
   kRocmHost = 11,     // pinned host memory: host-addressable
   kCudaManaged = 13,  // unified memory: host-addressable

@@ -87,9 +87,8 @@ void OkOrThrow(const absl::Status& s) {
 // ---------------------------------------------------------------------------------------------------
 // Layouts and namespaces
 
-constexpr const char* kLayoutFields[] = {"kind",       "dtype",        "codec",   "num_layers",
-                                         "num_kv_heads", "head_dim",   "latent_dim", "block_tokens",
-                                         "tp_size",    "quant_group_size"};
+constexpr const char* kLayoutFields[] = {"kind",     "dtype",      "codec",        "num_layers", "num_kv_heads",
+                                         "head_dim", "latent_dim", "block_tokens", "tp_size",    "quant_group_size"};
 
 uint32_t ToU32(py::handle v, const char* field) {
   if (!py::isinstance<py::int_>(v) || py::isinstance<py::bool_>(v)) {
@@ -135,19 +134,29 @@ std::string ToName(py::handle v, const char* field) {
 void ApplyLayoutFields(const py::dict& fields, KvLayout& layout) {
   for (auto [k, v] : fields) {
     const std::string key = py::str(k);
-    if (key == "kind") layout.kind = ValueOrThrow(ParseLayoutKind(ToName(v, "kind")));
-    else if (key == "dtype") layout.dtype = ValueOrThrow(ParseDType(ToName(v, "dtype")));
-    else if (key == "codec") layout.codec = ValueOrThrow(ParseCodec(ToName(v, "codec")));
-    else if (key == "num_layers") layout.num_layers = ToU32(v, "num_layers");
-    else if (key == "num_kv_heads") layout.num_kv_heads = ToU32(v, "num_kv_heads");
-    else if (key == "head_dim") layout.head_dim = ToU32(v, "head_dim");
-    else if (key == "latent_dim") layout.latent_dim = ToU32(v, "latent_dim");
-    else if (key == "block_tokens") layout.block_tokens = ToU32(v, "block_tokens");
-    else if (key == "tp_size") layout.tp_size = ToU32(v, "tp_size");
-    else if (key == "quant_group_size") layout.quant_group_size = ToU32(v, "quant_group_size");
+    if (key == "kind")
+      layout.kind = ValueOrThrow(ParseLayoutKind(ToName(v, "kind")));
+    else if (key == "dtype")
+      layout.dtype = ValueOrThrow(ParseDType(ToName(v, "dtype")));
+    else if (key == "codec")
+      layout.codec = ValueOrThrow(ParseCodec(ToName(v, "codec")));
+    else if (key == "num_layers")
+      layout.num_layers = ToU32(v, "num_layers");
+    else if (key == "num_kv_heads")
+      layout.num_kv_heads = ToU32(v, "num_kv_heads");
+    else if (key == "head_dim")
+      layout.head_dim = ToU32(v, "head_dim");
+    else if (key == "latent_dim")
+      layout.latent_dim = ToU32(v, "latent_dim");
+    else if (key == "block_tokens")
+      layout.block_tokens = ToU32(v, "block_tokens");
+    else if (key == "tp_size")
+      layout.tp_size = ToU32(v, "tp_size");
+    else if (key == "quant_group_size")
+      layout.quant_group_size = ToU32(v, "quant_group_size");
     else {
-      throw py::type_error(absl::StrCat("unknown layout field '", key, "'; the fields are ",
-                                        absl::StrJoin(kLayoutFields, ", ")));
+      throw py::type_error(
+          absl::StrCat("unknown layout field '", key, "'; the fields are ", absl::StrJoin(kLayoutFields, ", ")));
     }
   }
 }
@@ -235,15 +244,36 @@ std::vector<uint32_t> ToTokens(py::handle tokens) {
       const char* p = base + i * info.strides[0];
       long long v = 0;
       switch (info.itemsize) {
-        case 1: v = is_signed ? static_cast<long long>(*reinterpret_cast<const int8_t*>(p)) : *reinterpret_cast<const uint8_t*>(p); break;
-        case 2: { int16_t s; uint16_t u; std::memcpy(&s, p, 2); std::memcpy(&u, p, 2); v = is_signed ? s : u; break; }
-        case 4: { int32_t s; uint32_t u; std::memcpy(&s, p, 4); std::memcpy(&u, p, 4); v = is_signed ? static_cast<long long>(s) : static_cast<long long>(u); break; }
+        case 1:
+          v = is_signed ? static_cast<long long>(*reinterpret_cast<const int8_t*>(p))
+                        : *reinterpret_cast<const uint8_t*>(p);
+          break;
+        case 2: {
+          int16_t s;
+          uint16_t u;
+          std::memcpy(&s, p, 2);
+          std::memcpy(&u, p, 2);
+          v = is_signed ? s : u;
+          break;
+        }
+        case 4: {
+          int32_t s;
+          uint32_t u;
+          std::memcpy(&s, p, 4);
+          std::memcpy(&u, p, 4);
+          v = is_signed ? static_cast<long long>(s) : static_cast<long long>(u);
+          break;
+        }
         case 8: {
-          int64_t s; uint64_t u; std::memcpy(&s, p, 8); std::memcpy(&u, p, 8);
+          int64_t s;
+          uint64_t u;
+          std::memcpy(&s, p, 8);
+          std::memcpy(&u, p, 8);
           v = is_signed ? s : (u > 0xFFFFFFFFULL ? -1 : static_cast<long long>(u));
           break;
         }
-        default: throw py::type_error(absl::StrCat("tokens: unsupported item size ", info.itemsize));
+        default:
+          throw py::type_error(absl::StrCat("tokens: unsupported item size ", info.itemsize));
       }
       put(v, static_cast<size_t>(i));
     }
@@ -283,7 +313,8 @@ std::vector<Fingerprint> ToFingerprints(py::handle fps) {
   if (py::isinstance<py::list>(fps) || py::isinstance<py::tuple>(fps)) {
     py::sequence seq = py::reinterpret_borrow<py::sequence>(fps);
     out.reserve(seq.size());
-    for (size_t i = 0; i < seq.size(); ++i) out.push_back(OneFingerprint(seq[i], absl::StrCat("fingerprints[", i, "]")));
+    for (size_t i = 0; i < seq.size(); ++i)
+      out.push_back(OneFingerprint(seq[i], absl::StrCat("fingerprints[", i, "]")));
     return out;
   }
   if (PyObject_CheckBuffer(fps.ptr())) {
@@ -323,7 +354,8 @@ ExtraKeys ToExtraKeys(py::object lora, py::object cache_salt, py::object multimo
     for (size_t i = 0; i < items.size(); ++i) {
       const std::string what = absl::StrCat("multimodal[", i, "]");
       py::sequence m = items[i].cast<py::sequence>();
-      if (m.size() != 3) throw py::value_error(absl::StrCat(what, ": must be (content_hash, offset_tokens, length_tokens)"));
+      if (m.size() != 3)
+        throw py::value_error(absl::StrCat(what, ": must be (content_hash, offset_tokens, length_tokens)"));
       const auto offset_tokens = static_cast<uint32_t>(ToUnsigned(m[1], what + "[1] (offset_tokens)", UINT32_MAX));
       const auto length_tokens = static_cast<uint32_t>(ToUnsigned(m[2], what + "[2] (length_tokens)", UINT32_MAX));
       keys.multimodal.push_back({.content_hash = ToBytes(m[0], what + "[0]"),
@@ -487,8 +519,8 @@ PyLookupResult LookupDetail(const PyClient& self, const Namespace& ns, py::handl
           .blocks_from_errors = v.blocks_from_errors};
 }
 
-std::vector<GetResult> GetBlocks(const PyClient& self, const Namespace& ns, py::handle fingerprints,
-                                 py::handle buffers, uint32_t shard) {
+std::vector<GetResult> GetBlocks(const PyClient& self, const Namespace& ns, py::handle fingerprints, py::handle buffers,
+                                 uint32_t shard) {
   std::shared_ptr<Client> c = self.Get();
   const std::vector<Fingerprint> fps = ToFingerprints(fingerprints);
   BlockBuffers bufs = AcquireBlocks(buffers, fps.size(), ns.layout.ShardBytes(), /*writable=*/true);
@@ -500,8 +532,8 @@ std::vector<GetResult> GetBlocks(const PyClient& self, const Namespace& ns, py::
   return ValueOrThrow(std::move(r));
 }
 
-std::vector<PutResult> PutBlocks(const PyClient& self, const Namespace& ns, py::handle fingerprints,
-                                 py::handle buffers, uint32_t shard, uint32_t first_block_index) {
+std::vector<PutResult> PutBlocks(const PyClient& self, const Namespace& ns, py::handle fingerprints, py::handle buffers,
+                                 uint32_t shard, uint32_t first_block_index) {
   std::shared_ptr<Client> c = self.Get();
   const std::vector<Fingerprint> fps = ToFingerprints(fingerprints);
   BlockBuffers bufs = AcquireBlocks(buffers, fps.size(), ns.layout.ShardBytes(), /*writable=*/false);
@@ -552,8 +584,8 @@ Segments ToSegments(const py::sequence& ptrs, py::handle sizes, size_t n, uint64
     for (size_t k = 0; k < s.per_block; ++k) {
       const size_t i = b * s.per_block + k;
       if (s.sizes[i] > block_bytes - total) {
-        throw py::value_error(absl::StrCat("sizes[", i, "]: the segments of block ", b, " hold more than ",
-                                           block_bytes, " bytes (the namespace's block_bytes)"));
+        throw py::value_error(absl::StrCat("sizes[", i, "]: the segments of block ", b, " hold more than ", block_bytes,
+                                           " bytes (the namespace's block_bytes)"));
       }
       total += s.sizes[i];
     }
@@ -725,16 +757,14 @@ PYBIND11_MODULE(_kvtier, m) {
   // Enums -------------------------------------------------------------------------------------------
   // Both compare with ints by value (GetResult.HIT == 0) and convert with int(); see CompareAsInts.
   py::enum_<GetResult> get_result(m, "GetResult", "Outcome of one block of Client.get.");
-  get_result
-      .value("HIT", GetResult::kHit, "The bytes arrived and matched their checksum.")
+  get_result.value("HIT", GetResult::kHit, "The bytes arrived and matched their checksum.")
       .value("MISS", GetResult::kMiss, "The owner does not hold the block.")
       .value("MISS_FROM_ERROR", GetResult::kMissFromError,
              "The owner failed, timed out or was unreachable (counted in stats()['misses_from_errors']).")
       .value("CHECKSUM_MISMATCH", GetResult::kChecksumMismatch,
              "Bytes arrived corrupted and were discarded; the buffer is not valid.");
   py::enum_<PutResult> put_result(m, "PutResult", "Outcome of one block of Client.put.");
-  put_result
-      .value("STORED", PutResult::kStored, "Committed by this call.")
+  put_result.value("STORED", PutResult::kStored, "Committed by this call.")
       .value("ALREADY_PRESENT", PutResult::kAlreadyPresent, "The owner had it; its recency was refreshed.")
       .value("IN_PROGRESS", PutResult::kInProgress, "Another writer is storing it now.")
       .value("NO_SPACE", PutResult::kNoSpace, "The owner had nothing evictable.")
@@ -786,21 +816,24 @@ Raises InvalidArgumentError naming the bad field ("layout.head_dim: must be > 0"
       .def_readonly("revision", &Namespace::revision)
       .def_readonly("layout", &Namespace::layout)
       .def_property_readonly("has_tenant_salt", [](const Namespace& n) { return n.tenant_salt.has_value(); })
-      .def_property_readonly("block_bytes", [](const Namespace& n) { return n.layout.ShardBytes(); },
-                             "Bytes of one TP shard of one block: the size of every get/put buffer.")
-      .def_property_readonly("block_tokens", [](const Namespace& n) { return n.layout.block_tokens; },
-                             "Tokens per block.")
-      .def_property_readonly("tp_size", [](const Namespace& n) { return n.layout.tp_size; },
-                             "Shards per block (valid `shard` arguments are 0..tp_size-1).")
+      .def_property_readonly(
+          "block_bytes", [](const Namespace& n) { return n.layout.ShardBytes(); },
+          "Bytes of one TP shard of one block: the size of every get/put buffer.")
+      .def_property_readonly(
+          "block_tokens", [](const Namespace& n) { return n.layout.block_tokens; }, "Tokens per block.")
+      .def_property_readonly(
+          "tp_size", [](const Namespace& n) { return n.layout.tp_size; },
+          "Shards per block (valid `shard` arguments are 0..tp_size-1).")
       .def_property_readonly("id", &Namespace::Id, "64-bit id, equal for equal namespaces on every machine.")
-      .def("canonical_bytes", [](const Namespace& n) { return py::bytes(n.CanonicalBytes()); },
-           "The byte encoding that starts every fingerprint chain (docs/fingerprints.md).")
+      .def(
+          "canonical_bytes", [](const Namespace& n) { return py::bytes(n.CanonicalBytes()); },
+          "The byte encoding that starts every fingerprint chain (docs/fingerprints.md).")
       .def("__eq__", [](const Namespace& a, const Namespace& b) { return a == b; })
       .def("__hash__", [](const Namespace& n) { return py::hash(py::int_(n.Id())); })
       .def("__repr__", [](const Namespace& n) {
-        return absl::StrCat("Namespace(tenant='", n.tenant, "', model='", n.model, "', revision=",
-                            n.revision.has_value() ? absl::StrCat("'", *n.revision, "'") : "None", ", layout=",
-                            n.layout.DebugString(), ")");
+        return absl::StrCat("Namespace(tenant='", n.tenant, "', model='", n.model,
+                            "', revision=", n.revision.has_value() ? absl::StrCat("'", *n.revision, "'") : "None",
+                            ", layout=", n.layout.DebugString(), ")");
       });
 
   // Functions ---------------------------------------------------------------------------------------
@@ -850,14 +883,15 @@ Use as a context manager, or call close().)doc")
            py::arg("connect_timeout_ms") = 5000, py::arg("max_message_bytes") = 80ULL << 20,
            py::arg("stream_chunk_bytes") = 1ULL << 20, py::arg("max_blocks_per_request") = 4096,
            py::arg("put_batch_blocks") = 64, py::arg("virtual_nodes") = HashRing::kDefaultVirtualNodes)
-      .def("fingerprints",
-           [](const PyClient&, const Namespace& ns, py::handle tokens, py::object lora, py::object cache_salt,
-              py::object multimodal, bool as_numpy) {
-             return Fingerprints(ns, tokens, std::move(lora), std::move(cache_salt), std::move(multimodal), as_numpy);
-           },
-           py::arg("ns"), py::arg("tokens"), py::kw_only(), py::arg("lora") = py::none(),
-           py::arg("cache_salt") = py::none(), py::arg("multimodal") = py::none(), py::arg("as_numpy") = false,
-           "Same as kvtier.fingerprints().")
+      .def(
+          "fingerprints",
+          [](const PyClient&, const Namespace& ns, py::handle tokens, py::object lora, py::object cache_salt,
+             py::object multimodal, bool as_numpy) {
+            return Fingerprints(ns, tokens, std::move(lora), std::move(cache_salt), std::move(multimodal), as_numpy);
+          },
+          py::arg("ns"), py::arg("tokens"), py::kw_only(), py::arg("lora") = py::none(),
+          py::arg("cache_salt") = py::none(), py::arg("multimodal") = py::none(), py::arg("as_numpy") = false,
+          "Same as kvtier.fingerprints().")
       .def(
           "lookup",
           [](const PyClient& self, const Namespace& ns, py::handle fps) {
@@ -903,5 +937,8 @@ put_rejected_blocks, misses_from_errors, rpc_errors, checksum_failures.)doc")
       .def("close", &PyClient::Close, "Closes the channels. Later calls raise kvtier.Error (FAILED_PRECONDITION).")
       .def_property_readonly("closed", &PyClient::closed)
       .def("__enter__", [](py::object self) { return self; })
-      .def("__exit__", [](PyClient& self, py::args) { self.Close(); return false; });
+      .def("__exit__", [](PyClient& self, py::args) {
+        self.Close();
+        return false;
+      });
 }

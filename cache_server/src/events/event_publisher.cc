@@ -48,8 +48,8 @@ absl::StatusOr<std::unique_ptr<EventPublisher>> EventPublisher::Start(const Even
   zmq_setsockopt(p->pub_socket_, ZMQ_SNDHWM, &options.send_hwm, sizeof(options.send_hwm));
   const std::string bind = ZmqBindEndpoint(options.pub_endpoint);
   if (zmq_bind(p->pub_socket_, bind.c_str()) != 0) {
-    return absl::UnavailableError(absl::StrCat("events.pub_endpoint: cannot bind ", options.pub_endpoint, ": ",
-                                               zmq_strerror(zmq_errno())));
+    return absl::UnavailableError(
+        absl::StrCat("events.pub_endpoint: cannot bind ", options.pub_endpoint, ": ", zmq_strerror(zmq_errno())));
   }
   char last[256] = {};
   size_t last_len = sizeof(last);
@@ -107,8 +107,7 @@ uint64_t EventPublisher::oldest_seq() const {
   return ring_.empty() ? last_seq_ + 1 : ring_.front().seq;
 }
 
-void EventPublisher::AddName(uint64_t namespace_id,
-                             google::protobuf::Map<uint64_t, v1::EventNamespace>* names) const {
+void EventPublisher::AddName(uint64_t namespace_id, google::protobuf::Map<uint64_t, v1::EventNamespace>* names) const {
   if (!options_.namespace_names || names->contains(namespace_id)) return;
   if (auto n = options_.namespace_names(namespace_id); n.has_value()) {
     v1::EventNamespace& out = (*names)[namespace_id];
@@ -138,13 +137,19 @@ v1::KvEventBatch EventPublisher::Encode(const std::vector<Event>& events, uint64
     v1::KvEvent* out = batch.add_events();
     out->set_seq(e.seq);
     switch (e.kind) {
-      case Kind::kStored: FillBlock(e.block, out->mutable_stored()->mutable_block()); break;
-      case Kind::kRemoved: FillBlock(e.block, out->mutable_removed()->mutable_block()); break;
+      case Kind::kStored:
+        FillBlock(e.block, out->mutable_stored()->mutable_block());
+        break;
+      case Kind::kRemoved:
+        FillBlock(e.block, out->mutable_removed()->mutable_block());
+        break;
       case Kind::kMoved:
         FillBlock(e.block, out->mutable_moved()->mutable_block());
         out->mutable_moved()->set_from_tier(TierName(e.from));
         break;
-      case Kind::kCleared: out->mutable_cleared(); break;
+      case Kind::kCleared:
+        out->mutable_cleared();
+        break;
     }
     if (e.kind != Kind::kCleared) AddName(e.block.namespace_id, batch.mutable_namespaces());
   }
@@ -212,8 +217,9 @@ absl::Status EventPublisher::Replay(uint64_t instance_id, uint64_t from_seq,
   stats_.replayed_events.fetch_add(events.size(), std::memory_order_relaxed);
   std::vector<Event> part;
   for (size_t i = 0; i < events.size(); i += options_.max_batch_events) {
-    part.assign(events.begin() + static_cast<std::ptrdiff_t>(i),
-                events.begin() + static_cast<std::ptrdiff_t>(std::min<size_t>(events.size(), i + options_.max_batch_events)));
+    part.assign(
+        events.begin() + static_cast<std::ptrdiff_t>(i),
+        events.begin() + static_cast<std::ptrdiff_t>(std::min<size_t>(events.size(), i + options_.max_batch_events)));
     if (!emit(Encode(part, last_seq))) break;
   }
   if (events.empty()) emit(Encode({}, last_seq));

@@ -26,12 +26,12 @@
 namespace kvtier::server {
 
 struct EventPublisherOptions {
-  std::string node_id;                                  // required
-  std::string pub_endpoint = "tcp://127.0.0.1:0";       // ZeroMQ endpoint to bind; port 0 = the kernel picks
-  uint32_t replay_buffer_events = 65536;                // Default: 64 Ki events kept for Replay
-  uint32_t max_batch_events = 256;                      // Default: at most 256 events per PUB message
-  absl::Duration heartbeat_interval = absl::Seconds(1); // an empty batch (last_seq only) when idle this long
-  int send_hwm = 10000;                                 // ZMQ_SNDHWM: messages queued per subscriber
+  std::string node_id;                                   // required
+  std::string pub_endpoint = "tcp://127.0.0.1:0";        // ZeroMQ endpoint to bind; port 0 = the kernel picks
+  uint32_t replay_buffer_events = 65536;                 // Default: 64 Ki events kept for Replay
+  uint32_t max_batch_events = 256;                       // Default: at most 256 events per PUB message
+  absl::Duration heartbeat_interval = absl::Seconds(1);  // an empty batch (last_seq only) when idle this long
+  int send_hwm = 10000;                                  // ZMQ_SNDHWM: messages queued per subscriber
   // (tenant, model) of a namespace id, where the server knows it; may be empty. Called on the publisher
   // thread and in Replay/Snapshot, never under the store's lock.
   std::function<std::optional<std::pair<std::string, std::string>>(uint64_t)> namespace_names;
@@ -39,10 +39,10 @@ struct EventPublisherOptions {
 
 // Counters since start. Relaxed atomics.
 struct EventPublisherStats {
-  std::atomic<uint64_t> events{0};             // events numbered (state changes)
-  std::atomic<uint64_t> published_events{0};   // events sent on the PUB socket
-  std::atomic<uint64_t> published_batches{0};  // PUB messages, heartbeats included
-  std::atomic<uint64_t> unpublished_events{0}; // left the ring before the publisher thread sent them
+  std::atomic<uint64_t> events{0};              // events numbered (state changes)
+  std::atomic<uint64_t> published_events{0};    // events sent on the PUB socket
+  std::atomic<uint64_t> published_batches{0};   // PUB messages, heartbeats included
+  std::atomic<uint64_t> unpublished_events{0};  // left the ring before the publisher thread sent them
   std::atomic<uint64_t> replay_requests{0};
   std::atomic<uint64_t> replay_out_of_range{0};  // Replay answered OUT_OF_RANGE or FAILED_PRECONDITION
   std::atomic<uint64_t> replayed_events{0};
@@ -109,16 +109,16 @@ class EventPublisher final : public BlockEventSink {
   EventPublisherOptions options_;
   uint64_t instance_id_ = 0;
   void* zmq_context_ = nullptr;
-  void* pub_socket_ = nullptr;     // used only by the publisher thread after Start
+  void* pub_socket_ = nullptr;  // used only by the publisher thread after Start
   std::string bound_endpoint_;
   EventPublisherStats stats_;
 
-  mutable std::mutex mu_;          // taken inside the store's lock (store -> publisher), never the reverse
+  mutable std::mutex mu_;  // taken inside the store's lock (store -> publisher), never the reverse
   std::condition_variable cv_;
-  std::deque<Event> ring_;         // guarded by mu_; the latest replay_buffer_events events
-  uint64_t last_seq_ = 0;          // guarded by mu_
-  uint64_t published_seq_ = 0;     // guarded by mu_; the publisher thread has sent every seq <= this
-  bool stopping_ = false;          // guarded by mu_
+  std::deque<Event> ring_;      // guarded by mu_; the latest replay_buffer_events events
+  uint64_t last_seq_ = 0;       // guarded by mu_
+  uint64_t published_seq_ = 0;  // guarded by mu_; the publisher thread has sent every seq <= this
+  bool stopping_ = false;       // guarded by mu_
   std::thread thread_;
 };
 

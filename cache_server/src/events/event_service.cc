@@ -37,9 +37,8 @@ grpc::Status EventServiceImpl::Snapshot(grpc::ServerContext* ctx, const v1::Snap
   if (auth_ != nullptr) {
     if (grpc::Status s = auth_->AuthorizeAdmin(*ctx); !s.ok()) return s;
   }
-  publisher_.Snapshot(store_, kSnapshotChunkBlocks, [&](const v1::SnapshotChunk& c) {
-    return !ctx->IsCancelled() && writer->Write(c);
-  });
+  publisher_.Snapshot(store_, kSnapshotChunkBlocks,
+                      [&](const v1::SnapshotChunk& c) { return !ctx->IsCancelled() && writer->Write(c); });
   return grpc::Status::OK;
 }
 
@@ -62,7 +61,10 @@ class EventMetrics final : public prometheus::Collectable {
       for (auto& [labels, value] : values) {
         prometheus::ClientMetric m;
         m.label = std::move(labels);
-        if (type == prometheus::MetricType::Counter) m.counter.value = value; else m.gauge.value = value;
+        if (type == prometheus::MetricType::Counter)
+          m.counter.value = value;
+        else
+          m.gauge.value = value;
         f.metric.push_back(std::move(m));
       }
       out.push_back(std::move(f));
@@ -77,15 +79,17 @@ class EventMetrics final : public prometheus::Collectable {
     family("kvtier_events_unpublished_total", "KV events that left the replay buffer before being published.",
            MetricType::Counter, {{{}, v(s.unpublished_events)}});
     const double rejected = v(s.replay_out_of_range);
-    family("kvtier_event_replay_requests_total", "Replay requests, by result (out_of_range: the subscriber "
-           "must take a snapshot).", MetricType::Counter,
+    family("kvtier_event_replay_requests_total",
+           "Replay requests, by result (out_of_range: the subscriber "
+           "must take a snapshot).",
+           MetricType::Counter,
            {{{{"result", "ok"}}, v(s.replay_requests) - rejected}, {{{"result", "out_of_range"}}, rejected}});
     family("kvtier_event_replayed_total", "KV events served by Replay.", MetricType::Counter,
            {{{}, v(s.replayed_events)}});
     family("kvtier_event_snapshot_requests_total", "Snapshot requests served.", MetricType::Counter,
            {{{}, v(s.snapshot_requests)}});
-    family("kvtier_event_last_seq", "The latest KV event sequence number of this server instance.",
-           MetricType::Gauge, {{{}, static_cast<double>(publisher_.last_seq())}});
+    family("kvtier_event_last_seq", "The latest KV event sequence number of this server instance.", MetricType::Gauge,
+           {{{}, static_cast<double>(publisher_.last_seq())}});
     return out;
   }
 

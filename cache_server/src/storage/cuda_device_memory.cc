@@ -32,7 +32,8 @@ class CudaDeviceTierMemory final : public DeviceTierMemory {
     return offset < region_->size_bytes() ? static_cast<char*>(region_->device_data()) + offset : nullptr;
   }
   std::string Describe() const override {
-    return absl::StrFormat("cuda:%d %.1f GiB", region_->device(), static_cast<double>(region_->size_bytes()) / (1 << 30));
+    return absl::StrFormat("cuda:%d %.1f GiB", region_->device(),
+                           static_cast<double>(region_->size_bytes()) / (1 << 30));
   }
 
  private:

@@ -115,12 +115,11 @@ absl::StatusOr<std::unique_ptr<DiskTier>> DiskTier::Open(const std::string& path
   block_options.blob_compression_type = rocksdb::kNoCompression;  // KV tensors barely compress
   block_options.enable_blob_garbage_collection = true;
   block_options.compression = rocksdb::kNoCompression;
-  std::vector<rocksdb::ColumnFamilyDescriptor> cfs = {
-      {rocksdb::kDefaultColumnFamilyName, meta_options}, {"blocks", block_options}};
+  std::vector<rocksdb::ColumnFamilyDescriptor> cfs = {{rocksdb::kDefaultColumnFamilyName, meta_options},
+                                                      {"blocks", block_options}};
   auto impl = std::make_unique<Impl>();
   rocksdb::DB* db = nullptr;
-  absl::Status s = FromRocks(rocksdb::DB::Open(db_options, path, cfs, &impl->handles, &db),
-                             "opening the disk tier");
+  absl::Status s = FromRocks(rocksdb::DB::Open(db_options, path, cfs, &impl->handles, &db), "opening the disk tier");
   if (!s.ok()) return absl::InternalError(absl::StrCat(s.message(), " (path ", path, ")"));
   impl->db.reset(db);
   impl->meta = impl->handles[0];
@@ -162,8 +161,7 @@ absl::Status DiskTier::Delete(const BlockKey& key) {
   return FromRocks(impl_->db->Write(rocksdb::WriteOptions(), &batch), "deleting a block from disk");
 }
 
-absl::Status DiskTier::ForEach(const std::function<void(const BlockKey&, const DiskBlockMeta&)>& visit,
-                               uint64_t* bad) {
+absl::Status DiskTier::ForEach(const std::function<void(const BlockKey&, const DiskBlockMeta&)>& visit, uint64_t* bad) {
   std::unique_ptr<rocksdb::Iterator> it(impl_->db->NewIterator(rocksdb::ReadOptions(), impl_->meta));
   std::vector<std::string> broken;
   for (it->SeekToFirst(); it->Valid(); it->Next()) {

@@ -20,7 +20,7 @@ struct DiskBlockMeta {
   uint64_t namespace_id = 0;
   uint64_t tenant_id = 0;
   uint64_t size_bytes = 0;
-  uint64_t checksum = 0;     // XXH3-64 of the bytes, verified on every read
+  uint64_t checksum = 0;  // XXH3-64 of the bytes, verified on every read
   uint32_t depth = 0;
   uint32_t access_count = 0;
 };
@@ -29,7 +29,7 @@ struct DiskBlockMeta {
 // uint32 little-endian (36 bytes). Meta: version byte 1, then namespace_id, tenant_id, size_bytes,
 // checksum as uint64 LE, then depth, access_count as uint32 LE (41 bytes).
 std::string EncodeDiskKey(const BlockKey& key);
-bool DecodeDiskKey(std::string_view bytes, BlockKey* key);   // false: not a key
+bool DecodeDiskKey(std::string_view bytes, BlockKey* key);  // false: not a key
 std::string EncodeDiskBlockMeta(const DiskBlockMeta& meta);
 bool DecodeDiskBlockMeta(std::string_view bytes, DiskBlockMeta* meta);  // false: malformed (any input)
 

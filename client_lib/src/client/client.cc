@@ -37,8 +37,8 @@ constexpr uint32_t kMaxReplicationFactor = 16;
 // The replication fields of ClientOptions (docs/config.md "Replication").
 absl::Status ValidateReplication(const ClientOptions& o) {
   if (o.replication_factor == 0 || o.replication_factor > kMaxReplicationFactor) {
-    return absl::InvalidArgumentError(absl::StrCat("replication_factor: ", o.replication_factor, " is not in 1..",
-                                                   kMaxReplicationFactor));
+    return absl::InvalidArgumentError(
+        absl::StrCat("replication_factor: ", o.replication_factor, " is not in 1..", kMaxReplicationFactor));
   }
   for (size_t i = 0; i < o.replication_overrides.size(); ++i) {
     const ClientOptions::ReplicationOverride& r = o.replication_overrides[i];
@@ -51,8 +51,8 @@ absl::Status ValidateReplication(const ClientOptions& o) {
     }
   }
   if (o.hot_read_replicas > kMaxReplicationFactor) {
-    return absl::InvalidArgumentError(absl::StrCat("hot_read_replicas: ", o.hot_read_replicas, " is above ",
-                                                   kMaxReplicationFactor));
+    return absl::InvalidArgumentError(
+        absl::StrCat("hot_read_replicas: ", o.hot_read_replicas, " is above ", kMaxReplicationFactor));
   }
   if (o.replica_queue_bytes == 0) return absl::InvalidArgumentError("replica_queue_bytes: must be > 0");
   if (o.hint_retry_interval <= absl::ZeroDuration()) {
@@ -119,21 +119,30 @@ absl::Status ClientOptions::Validate() const {
 
 const char* GetResultName(GetResult r) {
   switch (r) {
-    case GetResult::kHit: return "hit";
-    case GetResult::kMiss: return "miss";
-    case GetResult::kMissFromError: return "miss_from_error";
-    case GetResult::kChecksumMismatch: return "checksum_mismatch";
+    case GetResult::kHit:
+      return "hit";
+    case GetResult::kMiss:
+      return "miss";
+    case GetResult::kMissFromError:
+      return "miss_from_error";
+    case GetResult::kChecksumMismatch:
+      return "checksum_mismatch";
   }
   return "unknown";
 }
 
 const char* PutResultName(PutResult r) {
   switch (r) {
-    case PutResult::kStored: return "stored";
-    case PutResult::kAlreadyPresent: return "already_present";
-    case PutResult::kInProgress: return "in_progress";
-    case PutResult::kNoSpace: return "no_space";
-    case PutResult::kError: return "error";
+    case PutResult::kStored:
+      return "stored";
+    case PutResult::kAlreadyPresent:
+      return "already_present";
+    case PutResult::kInProgress:
+      return "in_progress";
+    case PutResult::kNoSpace:
+      return "no_space";
+    case PutResult::kError:
+      return "error";
   }
   return "unknown";
 }
@@ -172,11 +181,11 @@ struct Member {
   std::unique_ptr<UcxPeer> ucx = std::make_unique<UcxPeer>();
 
   mutable std::mutex mu;
-  std::string node_id;                            // guarded by mu; "" until known
-  MemberHealth health = MemberHealth::kUnknown;   // guarded by mu
-  uint32_t failures = 0;                          // guarded by mu; failed checks in a row
-  uint32_t passes = 0;                            // guarded by mu; passed checks in a row
-  std::string last_error;                         // guarded by mu
+  std::string node_id;                           // guarded by mu; "" until known
+  MemberHealth health = MemberHealth::kUnknown;  // guarded by mu
+  uint32_t failures = 0;                         // guarded by mu; failed checks in a row
+  uint32_t passes = 0;                           // guarded by mu; passed checks in a row
+  std::string last_error;                        // guarded by mu
 
   Member(std::string addr, std::string id, bool dns, const grpc::ChannelArguments& args,
          const std::shared_ptr<grpc::ChannelCredentials>& credentials, const wire::ChannelSecurity& security)
@@ -231,7 +240,7 @@ class Client::Impl {
  public:
   ClientOptions options;
   grpc::ChannelArguments channel_args;
-  wire::ChannelSecurity security;                          // TLS and token of every member's channel
+  wire::ChannelSecurity security;                         // TLS and token of every member's channel
   std::shared_ptr<grpc::ChannelCredentials> credentials;  // made from `security` at Connect
   ClientStats stats;
   std::mutex ucx_mu;
@@ -395,8 +404,7 @@ class Client::Impl {
   // kLease unanswered in time, its endpoint dropped): the caller may move these bytes over gRPC instead.
   bool GetOverUcx(Member& member, UcxClient::EndpointId endpoint, const v1::Namespace& pns,
                   std::span<const BlockKey> keys, std::span<const uint32_t> idx, uint64_t block_bytes,
-                  std::span<const std::span<std::byte>> buffers, std::span<GetResult> results,
-                  absl::Time deadline) {
+                  std::span<const std::span<std::byte>> buffers, std::span<GetResult> results, absl::Time deadline) {
     v1::ReadRequest req;
     *req.mutable_namespace_() = pns;
     wire::EncodeKeys(keys, req.mutable_keys());
@@ -496,7 +504,6 @@ class Client::Impl {
     return true;
   }
 
-
   // Reads `keys` (block idx[k] of the call) from `member` into buffers[idx[k]] and sets results[idx[k]]
   // (left kMissFromError when the owner fails or misses `deadline`).
   void ReadBatch(Member& member, const v1::Namespace& pns, std::span<const BlockKey> keys,
@@ -505,7 +512,8 @@ class Client::Impl {
     v1::ReadRequest req;
     *req.mutable_namespace_() = pns;
     if (options.transport != "grpc") {
-      if (auto endpoint = UcxEndpoint(member, deadline); endpoint.has_value() &&
+      if (auto endpoint = UcxEndpoint(member, deadline);
+          endpoint.has_value() &&
           GetOverUcx(member, *endpoint, pns, keys, idx, block_bytes, buffers, results, deadline)) {
         return;
       }
@@ -582,17 +590,27 @@ class Client::Impl {
       if (!stub.Allocate(&ctx, areq, &aresp).ok() || static_cast<size_t>(aresp.results_size()) != keys.size()) {
         stats.rpc_errors.fetch_add(1, std::memory_order_relaxed);
         if (ucx_endpoint.has_value()) UcxEndpointFailed(member, *ucx_endpoint);  // see GetOverUcx
-        return;  // all kError
+        return;                                                                  // all kError
       }
     }
     std::vector<uint32_t> allocated;  // positions k within keys
     for (size_t k = 0; k < keys.size(); ++k) {
       switch (aresp.results(static_cast<int>(k))) {
-        case v1::ALLOCATE_RESULT_ALLOCATED: allocated.push_back(static_cast<uint32_t>(k)); break;
-        case v1::ALLOCATE_RESULT_ALREADY_PRESENT: results[k] = PutResult::kAlreadyPresent; break;
-        case v1::ALLOCATE_RESULT_IN_PROGRESS: results[k] = PutResult::kInProgress; break;
-        case v1::ALLOCATE_RESULT_NO_SPACE: results[k] = PutResult::kNoSpace; break;
-        default: results[k] = PutResult::kError; break;
+        case v1::ALLOCATE_RESULT_ALLOCATED:
+          allocated.push_back(static_cast<uint32_t>(k));
+          break;
+        case v1::ALLOCATE_RESULT_ALREADY_PRESENT:
+          results[k] = PutResult::kAlreadyPresent;
+          break;
+        case v1::ALLOCATE_RESULT_IN_PROGRESS:
+          results[k] = PutResult::kInProgress;
+          break;
+        case v1::ALLOCATE_RESULT_NO_SPACE:
+          results[k] = PutResult::kNoSpace;
+          break;
+        default:
+          results[k] = PutResult::kError;
+          break;
       }
     }
     if (allocated.empty()) return;
@@ -678,8 +696,8 @@ class Client::Impl {
 
   // Groups by primary owner on `view`, then splits each group into batches of at most `batch` blocks
   // (default: max_blocks_per_request); batches of one owner are adjacent.
-  OwnerGroups GroupByOwner(const RingView& view, std::span<const Fingerprint> fps,
-                           std::span<const uint32_t> indices, size_t batch = 0) const {
+  OwnerGroups GroupByOwner(const RingView& view, std::span<const Fingerprint> fps, std::span<const uint32_t> indices,
+                           size_t batch = 0) const {
     if (batch == 0) batch = options.max_blocks_per_request;
     absl::flat_hash_map<uint32_t, size_t> slot;
     OwnerGroups groups;
@@ -874,7 +892,8 @@ class Client::Impl {
       }
       PutBatch(*member, pns, keys, depths, data, block_bytes, std::span(results).subspan(off, end - off));
       // An owner that failed a batch is down: leave the rest kError (hinted) rather than wait again.
-      if (std::all_of(results.begin() + off, results.begin() + end, [](PutResult r) { return r == PutResult::kError; })) break;
+      if (std::all_of(results.begin() + off, results.begin() + end, [](PutResult r) { return r == PutResult::kError; }))
+        break;
     }
     return results;
   }
@@ -890,8 +909,8 @@ class Client::Impl {
     if (replicator == nullptr || view.owners.size() < 2) return;
     const uint32_t r = ReplicationFactor(ns);
     if (r < 2) return;
-    absl::flat_hash_map<uint32_t, ReplicaTask> tasks;  // by ring index
-    std::vector<uint32_t> order;                       // ring indices in the order first seen
+    absl::flat_hash_map<uint32_t, ReplicaTask> tasks;          // by ring index
+    std::vector<uint32_t> order;                               // ring indices in the order first seen
     absl::flat_hash_map<uint32_t, ReplicaTask> primary_hints;  // by ring index: primaries that failed
     for (size_t i = 0; i < fps.size(); ++i) {
       if (results[i] == PutResult::kAlreadyPresent || results[i] == PutResult::kInProgress) continue;
@@ -968,7 +987,8 @@ class Client::Impl {
     // No wait_for_ready: a member still starting is asked again by the health checks.
     AskNodeIds(ask, options.health_check_timeout, /*wait_for_ready=*/false);
     std::lock_guard<std::mutex> lock(members_mu);
-    std::erase_if(members, [&](const std::shared_ptr<Member>& m) { return m->from_dns && !wanted.contains(m->address); });
+    std::erase_if(members,
+                  [&](const std::shared_ptr<Member>& m) { return m->from_dns && !wanted.contains(m->address); });
     members.insert(members.end(), added.begin(), added.end());
   }
 
@@ -983,8 +1003,8 @@ class Client::Impl {
                [&](size_t i, grpc::ClientContext* ctx, auto done) {
                  ms[i]->health_stub->async()->Check(ctx, &reqs[i], &resps[i], std::move(done));
                });
-    std::vector<Member*> ask;       // passed, and the node id is needed before it may be in the ring
-    std::vector<Member*> returning; // ejected members that passed healthy_threshold checks
+    std::vector<Member*> ask;        // passed, and the node id is needed before it may be in the ring
+    std::vector<Member*> returning;  // ejected members that passed healthy_threshold checks
     for (size_t i = 0; i < ms.size(); ++i) {
       Member& m = *ms[i];
       const bool pass = statuses[i].ok() && resps[i].status() == grpc::health::v1::HealthCheckResponse::SERVING;
@@ -1007,9 +1027,10 @@ class Client::Impl {
       stats.health_check_failures.fetch_add(1, std::memory_order_relaxed);
       m.passes = 0;
       ++m.failures;
-      m.last_error = statuses[i].ok()
-                         ? absl::StrCat("status ", grpc::health::v1::HealthCheckResponse::ServingStatus_Name(resps[i].status()))
-                         : wire::FromGrpc(statuses[i]).ToString();
+      m.last_error =
+          statuses[i].ok()
+              ? absl::StrCat("status ", grpc::health::v1::HealthCheckResponse::ServingStatus_Name(resps[i].status()))
+              : wire::FromGrpc(statuses[i]).ToString();
       if (m.health != MemberHealth::kEjected && m.failures >= options.unhealthy_threshold) {
         m.health = MemberHealth::kEjected;
         stats.members_ejected.fetch_add(1, std::memory_order_relaxed);
@@ -1074,13 +1095,14 @@ class Client::Impl {
   }
 
   void RefreshLoop() {
-    absl::Time next_dns = options.members_dns.empty() ? absl::InfiniteFuture()
-                                                      : absl::Now() + options.dns_refresh_interval;
+    absl::Time next_dns =
+        options.members_dns.empty() ? absl::InfiniteFuture() : absl::Now() + options.dns_refresh_interval;
     absl::Time next_health = absl::Now() + options.health_check_interval;
     for (;;) {
       {
         std::unique_lock<std::mutex> lock(stop_mu);
-        if (stop_cv.wait_until(lock, absl::ToChronoTime(std::min(next_dns, next_health)), [this] { return stopping; })) {
+        if (stop_cv.wait_until(lock, absl::ToChronoTime(std::min(next_dns, next_health)),
+                               [this] { return stopping; })) {
           return;
         }
       }
@@ -1151,7 +1173,8 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   for (const auto& m : members) {
     if (m->from_dns || m->node_id.empty()) continue;
     if (!static_ids.insert(m->node_id).second) {
-      return absl::InvalidArgumentError(absl::StrCat("members: node id \"", m->node_id, "\" is reported by two members"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("members: node id \"", m->node_id, "\" is reported by two members"));
     }
   }
   {
@@ -1172,15 +1195,16 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
       (void)im.UcxEndpoint(*view->owners[r], absl::Now() + im.options.rpc_timeout);
     });
   }
-  const bool replicates = options.replication_factor > 1 || !options.replication_overrides.empty() ||
-                          options.hot_read_replicas > 0;
-  if (replicates) impl->replicator = std::make_unique<Replicator>(
-      Replicator::Options{.queue_bytes = options.replica_queue_bytes,
-                          .hint_bytes = options.hint_queue_bytes,
-                          .hint_retry_interval = options.hint_retry_interval},
-      Replicator::Hooks{.put = [p = impl.get()](const ReplicaTask& t) { return p->PutReplica(t); },
-                        .in_ring = [p = impl.get()](const std::string& id) { return p->InRing(id); }},
-      impl->stats);
+  const bool replicates =
+      options.replication_factor > 1 || !options.replication_overrides.empty() || options.hot_read_replicas > 0;
+  if (replicates)
+    impl->replicator = std::make_unique<Replicator>(
+        Replicator::Options{.queue_bytes = options.replica_queue_bytes,
+                            .hint_bytes = options.hint_queue_bytes,
+                            .hint_retry_interval = options.hint_retry_interval},
+        Replicator::Hooks{.put = [p = impl.get()](const ReplicaTask& t) { return p->PutReplica(t); },
+                          .in_ring = [p = impl.get()](const std::string& id) { return p->InRing(id); }},
+        impl->stats);
   impl->refresher = std::thread([p = impl.get()] { p->RefreshLoop(); });
   return std::unique_ptr<Client>(new Client(std::move(impl)));
 }
@@ -1330,8 +1354,8 @@ absl::StatusOr<std::vector<GetResult>> Client::Get(const Namespace& ns, std::spa
   }
   for (size_t i = 0; i < buffers.size(); ++i) {
     if (buffers[i].size() != block_bytes) {
-      return absl::InvalidArgumentError(absl::StrCat("buffers[", i, "] is ", buffers[i].size(),
-                                                     " bytes, a block is ", block_bytes));
+      return absl::InvalidArgumentError(
+          absl::StrCat("buffers[", i, "] is ", buffers[i].size(), " bytes, a block is ", block_bytes));
     }
   }
   Impl& im = *impl_;
@@ -1365,7 +1389,8 @@ absl::StatusOr<std::vector<GetResult>> Client::Get(const Namespace& ns, std::spa
     for (size_t p = 0; p < pending.size(); ++p) {
       GetResult& r = results[pending[p]];
       corrupt += r == GetResult::kChecksumMismatch;
-      if (r == GetResult::kMissFromError && before[p] == GetResult::kMiss) r = GetResult::kMiss;  // a hot block's miss stands
+      if (r == GetResult::kMissFromError && before[p] == GetResult::kMiss)
+        r = GetResult::kMiss;  // a hot block's miss stands
     }
     uint64_t served_by_replica = 0;
     std::erase_if(pending, [&](uint32_t i) {
@@ -1399,7 +1424,8 @@ absl::StatusOr<std::vector<PutResult>> Client::Put(const Namespace& ns, std::spa
     return absl::InvalidArgumentError(absl::StrCat("shard ", shard, " >= tp_size ", ns.layout.tp_size));
   }
   if (blocks.size() != fps.size()) {
-    return absl::InvalidArgumentError(absl::StrCat(blocks.size(), " blocks of bytes for ", fps.size(), " fingerprints"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(blocks.size(), " blocks of bytes for ", fps.size(), " fingerprints"));
   }
   const uint64_t block_bytes = ns.layout.ShardBytes();
   if (block_bytes > impl_->options.max_block_bytes) {
@@ -1408,8 +1434,8 @@ absl::StatusOr<std::vector<PutResult>> Client::Put(const Namespace& ns, std::spa
   }
   for (size_t i = 0; i < blocks.size(); ++i) {
     if (blocks[i].size() != block_bytes) {
-      return absl::InvalidArgumentError(absl::StrCat("blocks[", i, "] is ", blocks[i].size(),
-                                                     " bytes, a block is ", block_bytes));
+      return absl::InvalidArgumentError(
+          absl::StrCat("blocks[", i, "] is ", blocks[i].size(), " bytes, a block is ", block_bytes));
     }
   }
   Impl& im = *impl_;

@@ -17,12 +17,11 @@ class DeviceTransfer::Impl {
 };
 
 absl::StatusOr<std::unique_ptr<DeviceTransfer>> DeviceTransfer::Create(Client& client,
-                                                                        const DeviceTransferOptions& options) {
+                                                                       const DeviceTransferOptions& options) {
   KVTIER_RETURN_IF_ERROR(options.Validate());
   KVTIER_ASSIGN_OR_RETURN(auto engine, internal::CreateCudaCopyEngine(options.device, options.staging_buffers));
   KVTIER_ASSIGN_OR_RETURN(auto pipeline, internal::StagingPipeline::Create(std::move(engine), options));
-  return std::unique_ptr<DeviceTransfer>(
-      new DeviceTransfer(std::make_unique<Impl>(client, std::move(pipeline))));
+  return std::unique_ptr<DeviceTransfer>(new DeviceTransfer(std::make_unique<Impl>(client, std::move(pipeline))));
 }
 
 DeviceTransfer::DeviceTransfer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -39,8 +38,8 @@ absl::StatusOr<std::vector<GetResult>> DeviceTransfer::GetToDevice(const Namespa
 absl::StatusOr<std::vector<PutResult>> DeviceTransfer::PutFromDevice(const Namespace& ns,
                                                                      std::span<const Fingerprint> fingerprints,
                                                                      uint32_t shard,
-                                                                     std::span<const DeviceBuffer> blocks,
-                                                                     void* stream, uint32_t first_block_index) {
+                                                                     std::span<const DeviceBuffer> blocks, void* stream,
+                                                                     uint32_t first_block_index) {
   return impl_->pipeline_->Put(impl_->io_, ns, fingerprints, shard, blocks, stream, first_block_index);
 }
 

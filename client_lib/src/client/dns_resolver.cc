@@ -2,8 +2,8 @@
 // deployments need another port or server; c-ares takes any server list and is already a gRPC dependency.
 #include "kvtier/client/dns_resolver.h"
 
-#include <arpa/inet.h>
 #include <ares.h>
+#include <arpa/inet.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
@@ -77,8 +77,7 @@ absl::Status ValidateDnsServer(const std::string& dns_server) {
   for (absl::string_view part : absl::StrSplit(dns_server, ',')) {
     const std::string entry(part);
     if (!ValidServer(entry)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("\"", entry, "\" is not IP, IP:PORT or [IPv6]:PORT"));
+      return absl::InvalidArgumentError(absl::StrCat("\"", entry, "\" is not IP, IP:PORT or [IPv6]:PORT"));
     }
   }
   return absl::OkStatus();

@@ -52,12 +52,12 @@ struct EventSubscriber::Impl {
   struct Node {
     std::string address;
     std::unique_ptr<v1::EventService::Stub> stub;
-    std::string node_id;          // empty until GetEventsInfo answered
-    std::string endpoint;         // connected PUB endpoint; empty when not connected
+    std::string node_id;   // empty until GetEventsInfo answered
+    std::string endpoint;  // connected PUB endpoint; empty when not connected
     EventCursor cursor;
     absl::flat_hash_map<BlockKey, IndexedBlock> blocks;
     absl::Time retry_at = absl::InfinitePast();  // next connect or catch-up attempt
-    bool needs_catch_up = false;  // a catch-up failed: retried at retry_at
+    bool needs_catch_up = false;                 // a catch-up failed: retried at retry_at
     std::vector<uint64_t> retired;  // instances this node had before (messages of them still queued are stale)
   };
 
@@ -67,11 +67,11 @@ struct EventSubscriber::Impl {
 
   mutable std::mutex mu;
   std::condition_variable cv;
-  std::vector<Node> nodes;                       // guarded by mu (stubs are immutable)
+  std::vector<Node> nodes;                              // guarded by mu (stubs are immutable)
   absl::flat_hash_map<std::string, size_t> by_node_id;  // guarded by mu
-  EventSubscriberStats stats;                    // guarded by mu
-  bool stopping = false;                         // guarded by mu
-  bool paused = false;                           // guarded by mu (requested state)
+  EventSubscriberStats stats;                           // guarded by mu
+  bool stopping = false;                                // guarded by mu
+  bool paused = false;                                  // guarded by mu (requested state)
   std::thread thread;
 
   // ---- the background thread ----
@@ -479,8 +479,11 @@ std::vector<NodeEventState> EventSubscriber::Nodes() const {
   std::vector<NodeEventState> out;
   std::lock_guard<std::mutex> lock(impl_->mu);
   for (const Impl::Node& n : impl_->nodes) {
-    out.push_back({.node_id = n.node_id, .address = n.address, .instance_id = n.cursor.instance_id,
-                   .applied_seq = n.cursor.applied_seq, .synced = n.cursor.synced && !n.needs_catch_up,
+    out.push_back({.node_id = n.node_id,
+                   .address = n.address,
+                   .instance_id = n.cursor.instance_id,
+                   .applied_seq = n.cursor.applied_seq,
+                   .synced = n.cursor.synced && !n.needs_catch_up,
                    .blocks = n.blocks.size()});
   }
   return out;

@@ -158,8 +158,12 @@ bool Replicator::PutOrHint(ReplicaTask task, bool from_hints) {
   for (size_t k = 0; k < n; ++k) {
     switch ((*results)[k]) {
       case PutResult::kStored:
-      case PutResult::kAlreadyPresent: ++stored; break;
-      case PutResult::kNoSpace: ++refused; break;  // the owner answered: nothing to hand off later
+      case PutResult::kAlreadyPresent:
+        ++stored;
+        break;
+      case PutResult::kNoSpace:
+        ++refused;
+        break;  // the owner answered: nothing to hand off later
       case PutResult::kError:
         ++failed;
         retry.blocks.push_back(std::move(task.blocks[k]));

@@ -28,8 +28,8 @@ namespace kvtier::client {
 // and shared between the tasks of the block's replica owners.
 struct ReplicaBlock {
   Fingerprint fingerprint;
-  uint32_t depth = 0;                                  // index in its prompt's chain
-  std::shared_ptr<const std::vector<std::byte>> bytes; // one shard's bytes, never null
+  uint32_t depth = 0;                                   // index in its prompt's chain
+  std::shared_ptr<const std::vector<std::byte>> bytes;  // one shard's bytes, never null
 };
 
 // Blocks of one namespace and shard for one replica owner, named by its node id (not a ring index:
@@ -128,13 +128,13 @@ class Replicator {
   ClientStats& stats_;
 
   mutable std::mutex mu_;
-  std::condition_variable cv_;        // work arrived, or stopping
-  std::condition_variable idle_cv_;   // the queue drained (Flush)
-  ReplicaQueue queue_;                // guarded by mu_
-  ReplicaQueue hints_;                // guarded by mu_
+  std::condition_variable cv_;                               // work arrived, or stopping
+  std::condition_variable idle_cv_;                          // the queue drained (Flush)
+  ReplicaQueue queue_;                                       // guarded by mu_
+  ReplicaQueue hints_;                                       // guarded by mu_
   absl::flat_hash_map<std::string, absl::Time> down_until_;  // guarded by mu_; owners that just failed
-  bool busy_ = false;                 // guarded by mu_; a task from queue_ is being put
-  bool stopping_ = false;             // guarded by mu_
+  bool busy_ = false;                                        // guarded by mu_; a task from queue_ is being put
+  bool stopping_ = false;                                    // guarded by mu_
   std::thread thread_;
 };
 

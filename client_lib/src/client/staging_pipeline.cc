@@ -21,7 +21,7 @@ absl::Status DeviceTransferOptions::Validate() const {
 namespace internal {
 
 absl::StatusOr<std::unique_ptr<StagingPipeline>> StagingPipeline::Create(std::unique_ptr<CopyEngine> engine,
-                                                                          const DeviceTransferOptions& options) {
+                                                                         const DeviceTransferOptions& options) {
   KVTIER_RETURN_IF_ERROR(options.Validate());
   if (engine == nullptr) return absl::InvalidArgumentError("no copy engine");
   auto p = std::unique_ptr<StagingPipeline>(new StagingPipeline(std::move(engine), options));
@@ -47,29 +47,27 @@ StagingPipeline::~StagingPipeline() {
 
 uint32_t StagingPipeline::BlocksPerBatch(uint64_t block_bytes) const {
   if (block_bytes == 0) return options_.batch_blocks;
-  return static_cast<uint32_t>(
-      std::min<uint64_t>(options_.batch_blocks, options_.staging_buffer_bytes / block_bytes));
+  return static_cast<uint32_t>(std::min<uint64_t>(options_.batch_blocks, options_.staging_buffer_bytes / block_bytes));
 }
 
 absl::StatusOr<uint64_t> StagingPipeline::CheckCall(const Namespace& ns, size_t num_fps, uint32_t shard,
                                                     std::span<const DeviceBuffer> buffers) {
   KVTIER_RETURN_IF_ERROR(ns.Validate());
   if (buffers.size() != num_fps) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(num_fps, " fingerprints but ", buffers.size(), " device buffers"));
+    return absl::InvalidArgumentError(absl::StrCat(num_fps, " fingerprints but ", buffers.size(), " device buffers"));
   }
   if (shard >= ns.layout.tp_size) {
     return absl::InvalidArgumentError(absl::StrCat("shard ", shard, " >= tp_size ", ns.layout.tp_size));
   }
   const uint64_t block_bytes = ns.layout.ShardBytes();
   if (block_bytes > options_.staging_buffer_bytes) {
-    return absl::InvalidArgumentError(absl::StrCat("block is ", block_bytes, " bytes, staging_buffer_bytes is ",
-                                                   options_.staging_buffer_bytes));
+    return absl::InvalidArgumentError(
+        absl::StrCat("block is ", block_bytes, " bytes, staging_buffer_bytes is ", options_.staging_buffer_bytes));
   }
   for (size_t i = 0; i < buffers.size(); ++i) {
     if (buffers[i].size_bytes != block_bytes) {
-      return absl::InvalidArgumentError(absl::StrCat("device buffer ", i, " is ", buffers[i].size_bytes,
-                                                     " bytes, want ", block_bytes));
+      return absl::InvalidArgumentError(
+          absl::StrCat("device buffer ", i, " is ", buffers[i].size_bytes, " bytes, want ", block_bytes));
     }
     if (buffers[i].device != options_.device) {
       return absl::InvalidArgumentError(absl::StrCat("device buffer ", i, " is on device ", buffers[i].device,
@@ -106,8 +104,8 @@ absl::StatusOr<std::vector<GetResult>> StagingPipeline::Get(HostBlockIo& io, con
     for (size_t j = 0; j < count; ++j) {
       results[start + j] = got[j];
       if (got[j] != GetResult::kHit) continue;
-      KVTIER_RETURN_IF_ERROR(engine_->CopyAsync(CopyKind::kHostToDevice, buffers[start + j].ptr, views[j].data(),
-                                                block_bytes, stream));
+      KVTIER_RETURN_IF_ERROR(
+          engine_->CopyAsync(CopyKind::kHostToDevice, buffers[start + j].ptr, views[j].data(), block_bytes, stream));
       stats_.host_to_device_bytes.fetch_add(block_bytes, std::memory_order_relaxed);
     }
     KVTIER_RETURN_IF_ERROR(engine_->Record(slot, stream));
@@ -155,9 +153,8 @@ absl::StatusOr<std::vector<PutResult>> StagingPipeline::Put(HostBlockIo& io, con
     const size_t count = std::min(per_batch, fps.size() - start);
     views.clear();
     for (size_t j = 0; j < count; ++j) views.emplace_back(slots_[slot] + j * block_bytes, block_bytes);
-    KVTIER_ASSIGN_OR_RETURN(
-        std::vector<PutResult> put,
-        io.Put(ns, fps.subspan(start, count), shard, views, first_block_index + static_cast<uint32_t>(start)));
+    KVTIER_ASSIGN_OR_RETURN(std::vector<PutResult> put, io.Put(ns, fps.subspan(start, count), shard, views,
+                                                               first_block_index + static_cast<uint32_t>(start)));
     if (put.size() != count) {
       return absl::InternalError(absl::StrCat("host put returned ", put.size(), " results for ", count, " blocks"));
     }

@@ -88,13 +88,11 @@ class StagingPipeline {
   ~StagingPipeline();
 
   // See DeviceTransfer::GetToDevice.
-  absl::StatusOr<std::vector<GetResult>> Get(HostBlockIo& io, const Namespace& ns,
-                                             std::span<const Fingerprint> fps, uint32_t shard,
-                                             std::span<const DeviceBuffer> buffers, void* stream);
+  absl::StatusOr<std::vector<GetResult>> Get(HostBlockIo& io, const Namespace& ns, std::span<const Fingerprint> fps,
+                                             uint32_t shard, std::span<const DeviceBuffer> buffers, void* stream);
   // See DeviceTransfer::PutFromDevice.
-  absl::StatusOr<std::vector<PutResult>> Put(HostBlockIo& io, const Namespace& ns,
-                                             std::span<const Fingerprint> fps, uint32_t shard,
-                                             std::span<const DeviceBuffer> blocks, void* stream,
+  absl::StatusOr<std::vector<PutResult>> Put(HostBlockIo& io, const Namespace& ns, std::span<const Fingerprint> fps,
+                                             uint32_t shard, std::span<const DeviceBuffer> blocks, void* stream,
                                              uint32_t first_block_index);
 
   // Blocks per batch for blocks of `block_bytes` (>= 1 when block_bytes <= staging_buffer_bytes).

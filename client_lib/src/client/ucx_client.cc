@@ -33,7 +33,7 @@ namespace msg = wire::ucx;
 using ItemStatus = UcxClient::ItemStatus;
 
 constexpr ucp_tag_t kFullMask = ~ucp_tag_t{0};
-constexpr int kIdleSpins = 256;   // progress calls with nothing done before the thread sleeps in poll()
+constexpr int kIdleSpins = 256;  // progress calls with nothing done before the thread sleeps in poll()
 // After a missed deadline: how long to wait for cancelled receives, then for the force-closed
 // endpoint's requests to complete.
 constexpr absl::Duration kCancelGrace = absl::Milliseconds(50);
@@ -42,8 +42,8 @@ constexpr absl::Duration kCloseGrace = absl::Seconds(1);
 absl::StatusOr<sockaddr_storage> ResolveIpv4(const std::string& host_port) {
   const size_t colon = host_port.rfind(':');
   int port = 0;
-  if (colon == std::string::npos || colon == 0 || !absl::SimpleAtoi(host_port.substr(colon + 1), &port) ||
-      port <= 0 || port > 65535) {
+  if (colon == std::string::npos || colon == 0 || !absl::SimpleAtoi(host_port.substr(colon + 1), &port) || port <= 0 ||
+      port > 65535) {
     return absl::InvalidArgumentError(absl::StrCat("\"", host_port, "\" is not host:port"));
   }
   addrinfo hints{};
@@ -123,19 +123,19 @@ ucs_status_t SendEagerAm(ucp_ep_h ep, uint16_t id, std::string payload) {
 struct Transfer {
   std::mutex mu;
   std::condition_variable cv;
-  size_t remaining = 0;                // guarded by mu: completions still expected
-  uint64_t endpoint = 0;               // a hello's endpoint
-  bool single_copy = false;            // guarded by mu: the hello's endpoint has a single-copy lane
-  std::vector<ItemStatus> items;       // guarded by mu
-  std::vector<uint8_t> put_ok;         // guarded by mu: the server's kPutDone
-  bool put_done = false;               // guarded by mu
-  std::string node_id;                 // guarded by mu: the hello reply
-  uint32_t hello_flags = 0;            // guarded by mu: the hello reply
-  std::string lease_reply;             // guarded by mu: a kLeaseReply's payload (failed: its error text)
-  bool failed = false;                 // guarded by mu: the endpoint is unknown, failed or a send failed
-  std::vector<uint32_t> arrived;       // guarded by mu: items that completed kOk, in completion order
-  std::vector<void*> requests;         // progress thread: per item, the request while in flight
-  std::vector<uint64_t> expected;      // per item: bytes a receive must bring
+  size_t remaining = 0;            // guarded by mu: completions still expected
+  uint64_t endpoint = 0;           // a hello's endpoint
+  bool single_copy = false;        // guarded by mu: the hello's endpoint has a single-copy lane
+  std::vector<ItemStatus> items;   // guarded by mu
+  std::vector<uint8_t> put_ok;     // guarded by mu: the server's kPutDone
+  bool put_done = false;           // guarded by mu
+  std::string node_id;             // guarded by mu: the hello reply
+  uint32_t hello_flags = 0;        // guarded by mu: the hello reply
+  std::string lease_reply;         // guarded by mu: a kLeaseReply's payload (failed: its error text)
+  bool failed = false;             // guarded by mu: the endpoint is unknown, failed or a send failed
+  std::vector<uint32_t> arrived;   // guarded by mu: items that completed kOk, in completion order
+  std::vector<void*> requests;     // progress thread: per item, the request while in flight
+  std::vector<uint64_t> expected;  // per item: bytes a receive must bring
 
   void Done(std::unique_lock<std::mutex>&) {
     --remaining;
@@ -165,8 +165,8 @@ struct LaneGet {
   std::string host_port;               // its UCX listener
   uint64_t lease_id = 0;
   absl::Time deadline;
-  std::vector<uint32_t> slots;         // items j of the group
-  std::vector<uint32_t> indices;       // their lease indices
+  std::vector<uint32_t> slots;    // items j of the group
+  std::vector<uint32_t> indices;  // their lease indices
   std::vector<std::span<std::byte>> buffers;
 };
 
@@ -282,7 +282,8 @@ class GetLane {
       p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
       p.cb.recv = &GetLane::OnRecv;
       p.user_data = r;
-      ucs_status_ptr_t q = ucp_tag_recv_nbx(worker_, g.buffers[k].data(), g.buffers[k].size(), tag_base + k, kFullMask, &p);
+      ucs_status_ptr_t q =
+          ucp_tag_recv_nbx(worker_, g.buffers[k].data(), g.buffers[k].size(), tag_base + k, kFullMask, &p);
       if (UCS_PTR_IS_PTR(q)) {
         r->request = q;
         recvs[k] = r;
@@ -291,8 +292,8 @@ class GetLane {
         delete r;
       }
     }
-    msg::GetRequest req{.request_id = tag_base, .lease_id = g.lease_id, .tag_base = tag_base, .flags = 0,
-                        .indices = g.indices};
+    msg::GetRequest req{
+        .request_id = tag_base, .lease_id = g.lease_id, .tag_base = tag_base, .flags = 0, .indices = g.indices};
     bool sent = pending == n && SendEagerAm(ep, msg::kGet, msg::Encode(req)) == UCS_OK;
     // Progress until every receive completed; check each block as soon as it is in.
     std::vector<uint8_t> seen(n, 0);  // 1: settled in time; 2: done after the deadline
@@ -303,7 +304,8 @@ class GetLane {
         seen[k] = 1;
         --pending;
         const uint32_t j = g.slots[k];
-        if (r->status == ItemStatus::kOk && group.on_arrival != nullptr && *group.on_arrival && absl::Now() < g.deadline) {
+        if (r->status == ItemStatus::kOk && group.on_arrival != nullptr && *group.on_arrival &&
+            absl::Now() < g.deadline) {
           (*group.on_arrival)(j);
         }
         group.items[j] = r->status;
@@ -446,8 +448,8 @@ struct UcxClient::Impl {
   // Get lanes.
   int get_lanes = 2;
   std::mutex lanes_mu;
-  std::vector<std::unique_ptr<GetLane>> lanes;                  // guarded by lanes_mu; started on first need
-  bool lanes_failed = false;                                    // guarded by lanes_mu
+  std::vector<std::unique_ptr<GetLane>> lanes;  // guarded by lanes_mu; started on first need
+  bool lanes_failed = false;                    // guarded by lanes_mu
   // guarded by lanes_mu: the listener (host:port) of each endpoint with a single-copy lane, whose Gets
   // are split over the lanes
   absl::flat_hash_map<EndpointId, std::string> listener_of;
@@ -491,8 +493,8 @@ struct UcxClient::Impl {
     if (wake_fd < 0) return absl::UnavailableError("eventfd failed");
     auto set_handler = [&](uint16_t id, ucp_am_recv_callback_t cb) {
       ucp_am_handler_param_t hp{};
-      hp.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
-                      UCP_AM_HANDLER_PARAM_FIELD_ARG | UCP_AM_HANDLER_PARAM_FIELD_FLAGS;
+      hp.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG |
+                      UCP_AM_HANDLER_PARAM_FIELD_FLAGS;
       hp.id = id;
       hp.cb = cb;
       hp.arg = this;
@@ -545,7 +547,8 @@ struct UcxClient::Impl {
       idle = 0;
       if (queued.load(std::memory_order_acquire)) continue;
       if (ucp_worker_arm(worker) == UCS_ERR_BUSY) continue;
-      pollfd fds[2] = {{.fd = worker_fd, .events = POLLIN, .revents = 0}, {.fd = wake_fd, .events = POLLIN, .revents = 0}};
+      pollfd fds[2] = {{.fd = worker_fd, .events = POLLIN, .revents = 0},
+                       {.fd = wake_fd, .events = POLLIN, .revents = 0}};
       poll(fds, 2, 100);
       uint64_t drained;
       if (fds[1].revents != 0) (void)!read(wake_fd, &drained, sizeof(drained));
@@ -612,7 +615,6 @@ struct UcxClient::Impl {
     t.cv.notify_all();
     return nullptr;
   }
-
 
   static void OnEpError(void* arg, ucp_ep_h ep, ucs_status_t) {
     auto* self = static_cast<Impl*>(arg);
@@ -734,15 +736,14 @@ struct UcxClient::Impl {
   // and waits for the requests to complete. True when everything completed by the deadline.
   // `on_arrival(j)` (may be empty) runs on the caller's thread for each item as soon as it completed
   // kOk, while the rest are in flight.
-  bool Await(const std::shared_ptr<Transfer>& t, EndpointId endpoint, absl::Time deadline,
-             std::function<void()> forget, const std::function<void(size_t)>& on_arrival = {}) {
+  bool Await(const std::shared_ptr<Transfer>& t, EndpointId endpoint, absl::Time deadline, std::function<void()> forget,
+             const std::function<void(size_t)>& on_arrival = {}) {
     {
       std::unique_lock<std::mutex> lock(t->mu);
       size_t seen = 0;
       const auto until = absl::ToChronoTime(deadline);
-      while (t->cv.wait_until(lock, until, [&] {
-        return t->remaining == 0 || (on_arrival && t->arrived.size() > seen);
-      })) {
+      while (t->cv.wait_until(lock, until,
+                              [&] { return t->remaining == 0 || (on_arrival && t->arrived.size() > seen); })) {
         if (on_arrival && t->arrived.size() > seen) {
           const std::vector<uint32_t> fresh(t->arrived.begin() + static_cast<ptrdiff_t>(seen), t->arrived.end());
           seen = t->arrived.size();
@@ -850,8 +851,7 @@ absl::StatusOr<UcxClient::Connection> UcxClient::Connect(const std::string& host
     std::lock_guard<std::mutex> lanes_lock(im.lanes_mu);
     if (t->single_copy) im.listener_of[id] = host_port;
   }
-  return Connection{.endpoint = id, .node_id = t->node_id,
-                    .takes_leases = (t->hello_flags & msg::kTakesLeases) != 0};
+  return Connection{.endpoint = id, .node_id = t->node_id, .takes_leases = (t->hello_flags & msg::kTakesLeases) != 0};
 }
 
 absl::StatusOr<std::string> UcxClient::Lease(EndpointId endpoint, std::string request, absl::Time deadline) {
@@ -872,8 +872,7 @@ absl::StatusOr<std::string> UcxClient::Lease(EndpointId endpoint, std::string re
       t->Done(lock);
     }
   });
-  const bool in_time =
-      im.Await(t, endpoint, deadline, [&im, request_id] { im.Forget(im.pending_lease, request_id); });
+  const bool in_time = im.Await(t, endpoint, deadline, [&im, request_id] { im.Forget(im.pending_lease, request_id); });
   std::lock_guard<std::mutex> lock(t->mu);
   if (!in_time) return absl::DeadlineExceededError("UCX lease: no answer in time");
   if (t->failed) {
@@ -967,7 +966,9 @@ UcxClient::TransferResult UcxClient::Get(EndpointId endpoint, uint64_t lease_id,
   t->requests.assign(n, nullptr);
   for (const auto& b : buffers) t->expected.push_back(b.size());
   const uint64_t tag_base = im.next_tag.fetch_add(n);
-  msg::GetRequest req{.request_id = tag_base, .lease_id = lease_id, .tag_base = tag_base,
+  msg::GetRequest req{.request_id = tag_base,
+                      .lease_id = lease_id,
+                      .tag_base = tag_base,
                       .flags = release ? msg::kGetRelease : 0u,
                       .indices = std::vector<uint32_t>(indices.begin(), indices.end())};
   std::vector<std::span<std::byte>> bufs(buffers.begin(), buffers.end());
@@ -1001,7 +1002,8 @@ UcxClient::TransferResult UcxClient::Get(EndpointId endpoint, uint64_t lease_id,
       }
     }
   });
-  const bool in_time = im.Await(t, endpoint, deadline, [] {}, on_arrival);
+  const bool in_time = im.Await(
+      t, endpoint, deadline, [] {}, on_arrival);
   std::lock_guard<std::mutex> lock(t->mu);
   result.items = t->items;
   result.endpoint_failed = !in_time || t->failed;
@@ -1027,7 +1029,8 @@ UcxClient::TransferResult UcxClient::Put(EndpointId endpoint, uint64_t reservati
   t->items.assign(n, ItemStatus::kError);
   t->requests.assign(n, nullptr);
   const uint64_t request_id = im.next_id.fetch_add(1);
-  msg::PutRequest req{.request_id = request_id, .reservation_id = reservation_id,
+  msg::PutRequest req{.request_id = request_id,
+                      .reservation_id = reservation_id,
                       .indices = std::vector<uint32_t>(indices.begin(), indices.end())};
   std::vector<std::span<const std::byte>> data(blocks.begin(), blocks.end());
   std::vector<uint32_t> idx(indices.begin(), indices.end());
@@ -1050,7 +1053,8 @@ UcxClient::TransferResult UcxClient::Put(EndpointId endpoint, uint64_t reservati
       p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
       p.cb.send = &Impl::OnSendDone;
       p.user_data = op;
-      ucs_status_ptr_t r = ucp_tag_send_nbx(ep, data[j].data(), data[j].size(), msg::PutTag(reservation_id, idx[j]), &p);
+      ucs_status_ptr_t r =
+          ucp_tag_send_nbx(ep, data[j].data(), data[j].size(), msg::PutTag(reservation_id, idx[j]), &p);
       if (UCS_PTR_IS_PTR(r)) {
         t->requests[j] = r;
         continue;

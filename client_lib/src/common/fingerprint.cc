@@ -72,9 +72,9 @@ absl::Status ValidateExtraKeys(const ExtraKeys& extra) {
       return absl::InvalidArgumentError(absl::StrCat("extra.multimodal[", k, "].length_tokens: must be > 0"));
     }
     if (uint64_t{in.offset_tokens} + in.length_tokens > uint64_t{std::numeric_limits<uint32_t>::max()} + 1) {
-      return absl::InvalidArgumentError(absl::StrCat("extra.multimodal[", k, "]: offset_tokens (",
-                                                     in.offset_tokens, ") + length_tokens (",
-                                                     in.length_tokens, ") must be at most 2^32"));
+      return absl::InvalidArgumentError(absl::StrCat("extra.multimodal[", k, "]: offset_tokens (", in.offset_tokens,
+                                                     ") + length_tokens (", in.length_tokens,
+                                                     ") must be at most 2^32"));
     }
   }
   if (extra.cache_salt.has_value() && extra.cache_salt->size() > std::numeric_limits<uint32_t>::max()) {
@@ -158,8 +158,7 @@ absl::StatusOr<Fingerprint> Fingerprint::FromHex(const std::string& hex) {
 
 uint64_t Fingerprint::RingPosition() const { return internal::LoadU64Le(bytes.data()); }
 
-absl::StatusOr<std::vector<Fingerprint>> ChainFingerprints(const Namespace& ns,
-                                                           std::span<const uint32_t> tokens,
+absl::StatusOr<std::vector<Fingerprint>> ChainFingerprints(const Namespace& ns, std::span<const uint32_t> tokens,
                                                            const ExtraKeys& extra) {
   KVTIER_RETURN_IF_ERROR(ns.Validate());
   KVTIER_RETURN_IF_ERROR(ValidateExtraKeys(extra));

@@ -32,8 +32,7 @@ absl::StatusOr<HashRing> HashRing::Create(std::vector<std::string> node_ids, uin
   auto dup = std::adjacent_find(sorted.begin(), sorted.end(),
                                 [](const std::string* a, const std::string* b) { return *a == *b; });
   if (dup != sorted.end()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("hash ring: node id \"", **dup, "\" appears more than once"));
+    return absl::InvalidArgumentError(absl::StrCat("hash ring: node id \"", **dup, "\" appears more than once"));
   }
 
   HashRing ring;

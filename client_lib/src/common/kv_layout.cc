@@ -29,9 +29,7 @@ bool IsValid(LayoutKind kind) { return kind == LayoutKind::kStandard || kind == 
 bool IsValid(DType dtype) {
   return dtype == DType::kFp16 || dtype == DType::kBf16 || dtype == DType::kFp32 || dtype == DType::kFp8E4m3;
 }
-bool IsValid(Codec codec) {
-  return codec == Codec::kNone || codec == Codec::kFp8E4m3 || codec == Codec::kInt8;
-}
+bool IsValid(Codec codec) { return codec == Codec::kNone || codec == Codec::kFp8E4m3 || codec == Codec::kInt8; }
 
 absl::Status FieldError(const char* field, const std::string& what) {
   return absl::InvalidArgumentError(absl::StrCat("layout.", field, ": ", what));
@@ -91,16 +89,16 @@ absl::Status KvLayout::Validate() const {
     }
     if (quant_group_size == 0) return FieldError("quant_group_size", "must be > 0 when codec is not none");
     if (quantized_dim % quant_group_size != 0) {
-      return FieldError("quant_group_size", absl::StrCat("must divide ", quantized_dim_name, " (",
-                                                         quantized_dim, "), got ", quant_group_size));
+      return FieldError("quant_group_size", absl::StrCat("must divide ", quantized_dim_name, " (", quantized_dim,
+                                                         "), got ", quant_group_size));
     }
   }
   const uint64_t bytes = SaturatingShardBytes(*this);
   if (bytes > kMaxShardBytes) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "layout: one shard of one block is ",
-        bytes == std::numeric_limits<uint64_t>::max() ? std::string("over 2^64") : absl::StrCat(bytes),
-        " bytes, more than the limit of 2^40; lower block_tokens or num_layers"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("layout: one shard of one block is ",
+                     bytes == std::numeric_limits<uint64_t>::max() ? std::string("over 2^64") : absl::StrCat(bytes),
+                     " bytes, more than the limit of 2^40; lower block_tokens or num_layers"));
   }
   return absl::OkStatus();
 }
@@ -108,10 +106,10 @@ absl::Status KvLayout::Validate() const {
 uint64_t KvLayout::ShardBytes() const { return SaturatingShardBytes(*this); }
 
 std::string KvLayout::DebugString() const {
-  std::string shape = kind == LayoutKind::kMla ? absl::StrCat("latent", latent_dim)
-                                               : absl::StrCat("H", num_kv_heads, "x", head_dim);
-  return absl::StrCat(LayoutKindName(kind), "/", DTypeName(dtype), "/", CodecName(codec), " L", num_layers,
-                      " ", shape, " B", block_tokens, " tp", tp_size, " g", quant_group_size);
+  std::string shape =
+      kind == LayoutKind::kMla ? absl::StrCat("latent", latent_dim) : absl::StrCat("H", num_kv_heads, "x", head_dim);
+  return absl::StrCat(LayoutKindName(kind), "/", DTypeName(dtype), "/", CodecName(codec), " L", num_layers, " ", shape,
+                      " B", block_tokens, " tp", tp_size, " g", quant_group_size);
 }
 
 uint32_t DTypeBytes(DType dtype) {
@@ -167,16 +165,14 @@ absl::StatusOr<DType> ParseDType(const std::string& name) {
   for (DType d : {DType::kFp16, DType::kBf16, DType::kFp32, DType::kFp8E4m3}) {
     if (name == DTypeName(d)) return d;
   }
-  return absl::InvalidArgumentError(
-      absl::StrCat("unknown dtype \"", name, "\"; want fp16, bf16, fp32 or fp8_e4m3"));
+  return absl::InvalidArgumentError(absl::StrCat("unknown dtype \"", name, "\"; want fp16, bf16, fp32 or fp8_e4m3"));
 }
 
 absl::StatusOr<Codec> ParseCodec(const std::string& name) {
   for (Codec c : {Codec::kNone, Codec::kFp8E4m3, Codec::kInt8}) {
     if (name == CodecName(c)) return c;
   }
-  return absl::InvalidArgumentError(
-      absl::StrCat("unknown codec \"", name, "\"; want none, fp8_e4m3 or int8"));
+  return absl::InvalidArgumentError(absl::StrCat("unknown codec \"", name, "\"; want none, fp8_e4m3 or int8"));
 }
 
 absl::StatusOr<LayoutKind> ParseLayoutKind(const std::string& name) {

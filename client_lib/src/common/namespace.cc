@@ -15,8 +15,8 @@ constexpr size_t kMaxStringBytes = 255;
 
 absl::Status CheckLength(const char* field, const std::string& value, size_t min_bytes) {
   if (value.size() < min_bytes || value.size() > kMaxStringBytes) {
-    return absl::InvalidArgumentError(absl::StrCat("namespace.", field, ": must be ", min_bytes, "..",
-                                                   kMaxStringBytes, " bytes, got ", value.size()));
+    return absl::InvalidArgumentError(absl::StrCat("namespace.", field, ": must be ", min_bytes, "..", kMaxStringBytes,
+                                                   " bytes, got ", value.size()));
   }
   return absl::OkStatus();
 }

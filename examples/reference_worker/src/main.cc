@@ -63,13 +63,14 @@ int Run() {
   }
 
   std::vector<std::unique_ptr<kvtier::server::Server>> servers;
-  std::vector<std::string> members =
-      absl::StrSplit(absl::GetFlag(FLAGS_members), ',', absl::SkipWhitespace());
+  std::vector<std::string> members = absl::StrSplit(absl::GetFlag(FLAGS_members), ',', absl::SkipWhitespace());
   if (members.empty()) {
     const int n = quick ? 1 : absl::GetFlag(FLAGS_local_servers);
     for (int i = 0; i < n; ++i) {
-      auto s = kvtier::server::Server::Start({.node_id = "local-" + std::to_string(i), .metrics_address = "",
-                                              .host_cache_bytes = 256ULL << 20, .slab_bytes = 4ULL << 20,
+      auto s = kvtier::server::Server::Start({.node_id = "local-" + std::to_string(i),
+                                              .metrics_address = "",
+                                              .host_cache_bytes = 256ULL << 20,
+                                              .slab_bytes = 4ULL << 20,
                                               .max_block_bytes = 4ULL << 20});
       if (!s.ok()) {
         std::fprintf(stderr, "in-process server: %s\n", s.status().ToString().c_str());
@@ -97,8 +98,8 @@ int Run() {
     return 1;
   }
   std::printf("namespace %s/%s rev %s layout %s (%llu bytes per block), %zu member(s)\n",
-              (*cached)->ns().tenant.c_str(), (*cached)->ns().model.c_str(),
-              (*cached)->ns().revision->c_str(), (*cached)->ns().layout.DebugString().c_str(),
+              (*cached)->ns().tenant.c_str(), (*cached)->ns().model.c_str(), (*cached)->ns().revision->c_str(),
+              (*cached)->ns().layout.DebugString().c_str(),
               static_cast<unsigned long long>((*cached)->ns().layout.ShardBytes()), members.size());
 
   const uint64_t seed = absl::GetFlag(FLAGS_seed);
@@ -113,9 +114,8 @@ int Run() {
   }
   if (!prompts.empty()) prompts.push_back(prompts.front());  // a repeat: everything cached
 
-  std::printf("%-7s %7s %7s %9s %9s %10s %9s %9s %11s %8s %11s\n", "prompt", "tokens", "reused",
-              "lookup_ms", "fetch_ms", "compute_ms", "ttft_ms", "store_ms", "nocache_ms", "speedup",
-              "max|dlogit|");
+  std::printf("%-7s %7s %7s %9s %9s %10s %9s %9s %11s %8s %11s\n", "prompt", "tokens", "reused", "lookup_ms",
+              "fetch_ms", "compute_ms", "ttft_ms", "store_ms", "nocache_ms", "speedup", "max|dlogit|");
   double total_cached = 0, total_plain = 0, worst = 0;
   for (size_t i = 0; i < prompts.size(); ++i) {
     auto r0 = (*plain)->Serve(prompts[i]);
@@ -132,21 +132,21 @@ int Run() {
     total_cached += Ms(r1->ttft());
     total_plain += Ms(r0->ttft());
     std::printf("%-7s %7u %7u %9.2f %9.2f %10.2f %9.2f %9.2f %11.2f %7.1fx %11.3g\n",
-                i + 1 == prompts.size() ? "repeat" : std::to_string(i).c_str(), r1->prompt_tokens,
-                r1->computed_from, Ms(r1->lookup_time), Ms(r1->fetch_time), Ms(r1->compute_time),
-                Ms(r1->ttft()), Ms(r1->store_time), Ms(r0->ttft()), Ms(r0->ttft()) / Ms(r1->ttft()), max_diff);
+                i + 1 == prompts.size() ? "repeat" : std::to_string(i).c_str(), r1->prompt_tokens, r1->computed_from,
+                Ms(r1->lookup_time), Ms(r1->fetch_time), Ms(r1->compute_time), Ms(r1->ttft()), Ms(r1->store_time),
+                Ms(r0->ttft()), Ms(r0->ttft()) / Ms(r1->ttft()), max_diff);
   }
   const auto& st = (*client)->stats();
-  std::printf("total ttft %.2f ms with kvtier, %.2f ms recomputing (%.2f ms of CPU prefill saved)\n",
-              total_cached, total_plain, total_plain - total_cached);
-  std::printf("client: lookups %llu, prefix hit blocks %llu, fetched blocks %llu (%llu bytes), stored %llu, "
-              "misses from errors %llu\n",
-              static_cast<unsigned long long>(st.lookups.load()),
-              static_cast<unsigned long long>(st.prefix_hit_blocks.load()),
-              static_cast<unsigned long long>(st.retrieve_hit_blocks.load()),
-              static_cast<unsigned long long>(st.retrieve_hit_bytes.load()),
-              static_cast<unsigned long long>(st.put_stored_blocks.load()),
-              static_cast<unsigned long long>(st.misses_from_errors.load()));
+  std::printf("total ttft %.2f ms with kvtier, %.2f ms recomputing (%.2f ms of CPU prefill saved)\n", total_cached,
+              total_plain, total_plain - total_cached);
+  std::printf(
+      "client: lookups %llu, prefix hit blocks %llu, fetched blocks %llu (%llu bytes), stored %llu, "
+      "misses from errors %llu\n",
+      static_cast<unsigned long long>(st.lookups.load()), static_cast<unsigned long long>(st.prefix_hit_blocks.load()),
+      static_cast<unsigned long long>(st.retrieve_hit_blocks.load()),
+      static_cast<unsigned long long>(st.retrieve_hit_bytes.load()),
+      static_cast<unsigned long long>(st.put_stored_blocks.load()),
+      static_cast<unsigned long long>(st.misses_from_errors.load()));
   if (quick) {
     // The smoke test: codec none must reproduce the recompute exactly, and the repeat must hit.
     if (*codec == kvtier::Codec::kNone && worst != 0.0) {

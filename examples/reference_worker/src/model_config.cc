@@ -18,8 +18,8 @@ absl::Status ModelConfig::Validate() const {
   KVTIER_RETURN_IF_ERROR(positive("head_dim", head_dim));
   KVTIER_RETURN_IF_ERROR(positive("ffn_dim", ffn_dim));
   if (num_heads % num_kv_heads != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("model.num_heads ", num_heads,
-                                                   " is not a multiple of num_kv_heads ", num_kv_heads));
+    return absl::InvalidArgumentError(
+        absl::StrCat("model.num_heads ", num_heads, " is not a multiple of num_kv_heads ", num_kv_heads));
   }
   if (head_dim % 2 != 0) {
     return absl::InvalidArgumentError(absl::StrCat("model.head_dim is ", head_dim, ", want even (RoPE)"));
@@ -32,13 +32,12 @@ absl::Status ModelConfig::Validate() const {
 }
 
 std::string ModelConfig::Revision() const {
-  return absl::StrCat("v", vocab_size, "-L", num_layers, "-d", d_model, "-h", num_heads, "-kv",
-                      num_kv_heads, "-hd", head_dim, "-f", ffn_dim, "-rope", rope_theta, "-eps", rms_eps,
-                      "-seed", seed);
+  return absl::StrCat("v", vocab_size, "-L", num_layers, "-d", d_model, "-h", num_heads, "-kv", num_kv_heads, "-hd",
+                      head_dim, "-f", ffn_dim, "-rope", rope_theta, "-eps", rms_eps, "-seed", seed);
 }
 
-absl::StatusOr<Namespace> ModelNamespace(const ModelConfig& config, const std::string& tenant,
-                                         uint32_t block_tokens, Codec codec, uint32_t quant_group_size) {
+absl::StatusOr<Namespace> ModelNamespace(const ModelConfig& config, const std::string& tenant, uint32_t block_tokens,
+                                         Codec codec, uint32_t quant_group_size) {
   KVTIER_RETURN_IF_ERROR(config.Validate());
   Namespace ns;
   ns.tenant = tenant;

@@ -61,13 +61,13 @@ struct Buffers {
 absl::Status WorkerOptions::Validate() const {
   KVTIER_RETURN_IF_ERROR(model.Validate());
   if (page_size <= 0 || block_tokens == 0 || block_tokens % static_cast<uint32_t>(page_size) != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("block_tokens ", block_tokens,
-                                                   " is not a positive multiple of page_size ", page_size));
+    return absl::InvalidArgumentError(
+        absl::StrCat("block_tokens ", block_tokens, " is not a positive multiple of page_size ", page_size));
   }
   if (num_pages <= 0) return absl::InvalidArgumentError(absl::StrCat("num_pages is ", num_pages));
   if (codec != Codec::kNone && (quant_group_size == 0 || model.head_dim % quant_group_size != 0)) {
-    return absl::InvalidArgumentError(absl::StrCat("quant_group_size ", quant_group_size,
-                                                   " does not divide head_dim ", model.head_dim));
+    return absl::InvalidArgumentError(
+        absl::StrCat("quant_group_size ", quant_group_size, " does not divide head_dim ", model.head_dim));
   }
   KVTIER_RETURN_IF_ERROR(FromKernel(CacheSpec(*this).Validate(), "paged cache spec"));
   return absl::OkStatus();
@@ -79,8 +79,8 @@ absl::StatusOr<std::unique_ptr<ReferenceWorker>> ReferenceWorker::Create(const W
   KVTIER_ASSIGN_OR_RETURN(Namespace ns, ModelNamespace(options.model, options.tenant, options.block_tokens,
                                                        options.codec, options.quant_group_size));
   // The kernels' block bytes and the namespace's must agree, or Get/Put would reject every block.
-  const uint64_t kernel_bytes =
-      options.codec == Codec::kNone ? static_cast<uint64_t>(CacheSpec(options).BlockBytes())
+  const uint64_t kernel_bytes = options.codec == Codec::kNone
+                                    ? static_cast<uint64_t>(CacheSpec(options).BlockBytes())
                                     : static_cast<uint64_t>(QuantSpecOf(options).QuantizedBlockBytes());
   if (kernel_bytes != ns.layout.ShardBytes()) {
     return absl::InternalError(absl::StrCat("kernels pack ", kernel_bytes, " bytes per block, layout ",
@@ -108,8 +108,8 @@ absl::StatusOr<ServeResult> ReferenceWorker::Serve(std::span<const uint32_t> pro
   if (prompt.empty()) return absl::InvalidArgumentError("empty prompt");
   for (size_t i = 0; i < prompt.size(); ++i) {
     if (prompt[i] >= static_cast<uint32_t>(options_.model.vocab_size)) {
-      return absl::InvalidArgumentError(absl::StrCat("prompt token ", i, " is ", prompt[i],
-                                                     ", want < vocab_size ", options_.model.vocab_size));
+      return absl::InvalidArgumentError(
+          absl::StrCat("prompt token ", i, " is ", prompt[i], ", want < vocab_size ", options_.model.vocab_size));
     }
   }
   const int32_t n = static_cast<int32_t>(prompt.size());
@@ -179,10 +179,10 @@ absl::StatusOr<ServeResult> ReferenceWorker::Serve(std::span<const uint32_t> pro
     const uint32_t first = result.fetched_blocks;
     const uint32_t count = result.full_blocks - first;
     Buffers gathered(count, static_cast<uint64_t>(spec.BlockBytes()));
-    KVTIER_RETURN_IF_ERROR(FromKernel(kernels::GatherCpu(spec, cache_.layer_pointers(),
-                                                         pages.data() + static_cast<int64_t>(first) * pages_per_block,
-                                                         static_cast<int32_t>(count), gathered.ptrs.data()),
-                                      "gather"));
+    KVTIER_RETURN_IF_ERROR(FromKernel(
+        kernels::GatherCpu(spec, cache_.layer_pointers(), pages.data() + static_cast<int64_t>(first) * pages_per_block,
+                           static_cast<int32_t>(count), gathered.ptrs.data()),
+        "gather"));
     const Buffers* to_put = &gathered;
     std::unique_ptr<Buffers> packed;
     if (quantized) {

@@ -51,8 +51,8 @@ void MatVec(const float* x, const float* w, int32_t rows, int32_t cols, float* y
 
 // Rotates each head of `v` (num_heads * head_dim) by position: the "rotate half" form of Llama, pairing
 // element i with i + head_dim / 2.
-void ApplyRope(const std::vector<float>& cos_t, const std::vector<float>& sin_t, int32_t num_heads,
-               int32_t head_dim, float* v) {
+void ApplyRope(const std::vector<float>& cos_t, const std::vector<float>& sin_t, int32_t num_heads, int32_t head_dim,
+               float* v) {
   const int32_t half = head_dim / 2;
   for (int32_t h = 0; h < num_heads; ++h) {
     float* x = v + static_cast<int64_t>(h) * head_dim;
@@ -91,8 +91,8 @@ absl::StatusOr<TinyTransformer> TinyTransformer::Create(const ModelConfig& confi
   m.final_norm_.assign(d, 1.0f);
   m.lm_head_ = RandomMatrix(state, d, config.vocab_size, d);
   for (int32_t i = 0; i < config.head_dim / 2; ++i) {
-    m.rope_inv_freq_.push_back(static_cast<float>(
-        std::pow(static_cast<double>(config.rope_theta), -2.0 * i / config.head_dim)));
+    m.rope_inv_freq_.push_back(
+        static_cast<float>(std::pow(static_cast<double>(config.rope_theta), -2.0 * i / config.head_dim)));
   }
   return m;
 }
@@ -105,15 +105,14 @@ absl::StatusOr<std::vector<float>> TinyTransformer::Prefill(std::span<const uint
   if (start < 0 || start >= n) {
     return absl::InvalidArgumentError(absl::StrCat("start is ", start, ", want [0, ", n, ")"));
   }
-  if (cache.num_layers() != c.num_layers || cache.num_kv_heads() != c.num_kv_heads ||
-      cache.head_dim() != c.head_dim) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "cache has ", cache.num_layers(), " layers x ", cache.num_kv_heads(), " kv heads x ",
-        cache.head_dim(), ", model wants ", c.num_layers, " x ", c.num_kv_heads, " x ", c.head_dim));
+  if (cache.num_layers() != c.num_layers || cache.num_kv_heads() != c.num_kv_heads || cache.head_dim() != c.head_dim) {
+    return absl::InvalidArgumentError(absl::StrCat("cache has ", cache.num_layers(), " layers x ", cache.num_kv_heads(),
+                                                   " kv heads x ", cache.head_dim(), ", model wants ", c.num_layers,
+                                                   " x ", c.num_kv_heads, " x ", c.head_dim));
   }
   if (static_cast<int64_t>(page_table.size()) * cache.page_size() < n) {
-    return absl::InvalidArgumentError(absl::StrCat("page table of ", page_table.size(), " pages of ",
-                                                   cache.page_size(), " tokens is short of ", n, " tokens"));
+    return absl::InvalidArgumentError(absl::StrCat("page table of ", page_table.size(), " pages of ", cache.page_size(),
+                                                   " tokens is short of ", n, " tokens"));
   }
   for (int64_t t = start; t < n; ++t) {
     if (tokens[t] >= static_cast<uint32_t>(c.vocab_size)) {

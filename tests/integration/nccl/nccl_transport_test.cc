@@ -151,8 +151,10 @@ class NcclTransportTest : public ::testing::Test {
     v1::NcclBootstrapResponse resp;
     grpc::ClientContext ctx;
     grpc::Status st = stub_->Bootstrap(&ctx, req, &resp);
-    if (status != nullptr) *status = st;
-    else EXPECT_TRUE(st.ok()) << st.error_message();
+    if (status != nullptr)
+      *status = st;
+    else
+      EXPECT_TRUE(st.ok()) << st.error_message();
     return resp;
   }
 
@@ -380,8 +382,10 @@ class DeviceSource final : public DeviceBlockSource {
     std::vector<std::optional<DeviceSpan>> out;
     for (const BlockKey& k : keys) {
       auto it = blocks.find(k);
-      if (it == blocks.end()) out.push_back(std::nullopt);
-      else out.push_back(DeviceSpan{it->second->ptr, it->second->size});
+      if (it == blocks.end())
+        out.push_back(std::nullopt);
+      else
+        out.push_back(DeviceSpan{it->second->ptr, it->second->size});
     }
     return DeviceBlockLease(std::move(out), [] {});
   }

@@ -80,32 +80,34 @@ class SecurityTest : public ::testing::Test {
     const std::string key = "-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes";
     // Two CAs; the server's certificate names 127.0.0.1 and localhost; one client certificate per CA.
     ASSERT_TRUE(RunQuietly(absl::StrCat("openssl req -x509 ", key, " -keyout ", d, "/ca.key -out ", d,
-                                 "/ca.pem -days 2 -subj /CN=kvtier-test-ca")));
+                                        "/ca.pem -days 2 -subj /CN=kvtier-test-ca")));
     ASSERT_TRUE(RunQuietly(absl::StrCat("openssl req -x509 ", key, " -keyout ", d, "/evil-ca.key -out ", d,
-                                 "/evil-ca.pem -days 2 -subj /CN=untrusted-ca")));
+                                        "/evil-ca.pem -days 2 -subj /CN=untrusted-ca")));
     std::ofstream(d + "/server.ext") << "subjectAltName=DNS:localhost,IP:127.0.0.1\n";
     std::ofstream(d + "/client.ext") << "extendedKeyUsage=clientAuth\n";
     auto issue = [&](const std::string& name, const std::string& ca, const std::string& ext) {
       return RunQuietly(absl::StrCat("openssl req ", key, " -keyout ", d, "/", name, ".key -out ", d, "/", name,
-                              ".csr -subj /CN=", name)) &&
+                                     ".csr -subj /CN=", name)) &&
              RunQuietly(absl::StrCat("openssl x509 -req -in ", d, "/", name, ".csr -CA ", d, "/", ca, ".pem -CAkey ", d,
-                              "/", ca, ".key -CAcreateserial -days 2 -out ", d, "/", name, ".pem -extfile ", d, "/",
-                              ext));
+                                     "/", ca, ".key -CAcreateserial -days 2 -out ", d, "/", name, ".pem -extfile ", d,
+                                     "/", ext));
     };
     ASSERT_TRUE(issue("server", "ca", "server.ext"));
     ASSERT_TRUE(issue("client", "ca", "client.ext"));
     ASSERT_TRUE(issue("evil-client", "evil-ca", "client.ext"));
     // Tenant B's token is listed by its SHA-256 only, the admin's in a separate tokens file.
     std::ofstream(d + "/tokens.yaml") << "- {token: " << kTokenAdmin << ", role: admin}\n";
-    std::ofstream(d + "/kvtier.yaml")
-        << "server:\n  health_address: 127.0.0.1:0\n"
-        << "tls:\n  cert_file: " << d << "/server.pem\n  key_file: " << d << "/server.key\n"
-        << "  client_ca_file: " << d << "/ca.pem\n  require_client_cert: true\n"
-        << "auth:\n  tokens_file: " << d << "/tokens.yaml\n  tokens:\n"
-        << "    - {token: " << kTokenA << ", tenant: tenant-a, role: worker}\n"
-        << "    - {token_sha256: " << server::Sha256Hex(kTokenB) << ", tenant: tenant-b}\n"
-        << "    - {token: " << kTokenSmall << ", tenant: small, role: worker}\n"
-        << "quotas:\n  small: " << kSmallQuotaBlocks * TenantNamespace("small").layout.ShardBytes() << "\n";
+    std::ofstream(d + "/kvtier.yaml") << "server:\n  health_address: 127.0.0.1:0\n"
+                                      << "tls:\n  cert_file: " << d << "/server.pem\n  key_file: " << d
+                                      << "/server.key\n"
+                                      << "  client_ca_file: " << d << "/ca.pem\n  require_client_cert: true\n"
+                                      << "auth:\n  tokens_file: " << d << "/tokens.yaml\n  tokens:\n"
+                                      << "    - {token: " << kTokenA << ", tenant: tenant-a, role: worker}\n"
+                                      << "    - {token_sha256: " << server::Sha256Hex(kTokenB)
+                                      << ", tenant: tenant-b}\n"
+                                      << "    - {token: " << kTokenSmall << ", tenant: small, role: worker}\n"
+                                      << "quotas:\n  small: "
+                                      << kSmallQuotaBlocks * TenantNamespace("small").layout.ShardBytes() << "\n";
     auto p = ServerProcess::Start("secure-node", {"--config=" + d + "/kvtier.yaml", "--ucx_listen_address=none"});
     ASSERT_OK(p);
     server_ = p->release();
@@ -464,7 +466,8 @@ TEST_F(SecurityTest, ClientsWithoutATrustedCertificateAreRefused) {
   }
   // The plain health port answers probes without any certificate, and serves nothing else.
   ASSERT_NE(server_->health_port(), 0);
-  auto plain = grpc::CreateChannel(absl::StrCat("127.0.0.1:", server_->health_port()), grpc::InsecureChannelCredentials());
+  auto plain =
+      grpc::CreateChannel(absl::StrCat("127.0.0.1:", server_->health_port()), grpc::InsecureChannelCredentials());
   auto health = grpc::health::v1::Health::NewStub(plain);
   grpc::ClientContext ctx;
   grpc::health::v1::HealthCheckResponse resp;

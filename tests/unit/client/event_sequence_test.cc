@@ -49,7 +49,7 @@ TEST(EventSequenceTest, AGapAsksForCatchUpFromTheFirstMissingSeq) {
 
 TEST(EventSequenceTest, HeartbeatAheadOfTheCursorIsATailGap) {
   const EventCursor c{.instance_id = kA, .applied_seq = 10, .synced = true};
-  EXPECT_EQ(PlanBatch(c, kA, 0, 0, 10).catch_up_from, 0u);  // up to date
+  EXPECT_EQ(PlanBatch(c, kA, 0, 0, 10).catch_up_from, 0u);   // up to date
   EXPECT_EQ(PlanBatch(c, kA, 0, 0, 12).catch_up_from, 11u);  // 11 and 12 were lost
 }
 
@@ -73,7 +73,7 @@ TEST(EventSequenceTest, ANewInstanceResetsTheNode) {
 }
 
 TEST(EventSequenceTest, FirstUnappliedAfterACatchUp) {
-  EXPECT_EQ(FirstUnapplied(/*applied_seq=*/20, /*first_seq=*/12, 5), 5u);   // caught up past the batch
+  EXPECT_EQ(FirstUnapplied(/*applied_seq=*/20, /*first_seq=*/12, 5), 5u);  // caught up past the batch
   EXPECT_EQ(FirstUnapplied(14, 12, 5), 3u);
   EXPECT_EQ(FirstUnapplied(11, 12, 5), 0u);
   EXPECT_EQ(FirstUnapplied(9, 12, 5), 6u);  // still a gap

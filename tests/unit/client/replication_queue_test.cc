@@ -93,15 +93,14 @@ TEST(ReplicatorTest, AFullQueueRefusesReplicasAndCountsThemAsFailures) {
   std::shared_future<void> released = release.get_future().share();
   std::latch first_put_started(1);
   std::atomic<int> puts{0};
-  Replicator::Hooks hooks{
-      .put = [&](const ReplicaTask& t) -> absl::StatusOr<std::vector<PutResult>> {
-        if (puts.fetch_add(1) == 0) {
-          first_put_started.count_down();
-          released.wait();  // holds the worker on the first task
-        }
-        return std::vector<PutResult>(t.blocks.size(), PutResult::kStored);
-      },
-      .in_ring = [](const std::string&) { return true; }};
+  Replicator::Hooks hooks{.put = [&](const ReplicaTask& t) -> absl::StatusOr<std::vector<PutResult>> {
+                            if (puts.fetch_add(1) == 0) {
+                              first_put_started.count_down();
+                              released.wait();  // holds the worker on the first task
+                            }
+                            return std::vector<PutResult>(t.blocks.size(), PutResult::kStored);
+                          },
+                          .in_ring = [](const std::string&) { return true; }};
   Replicator r({.queue_bytes = 1000, .hint_bytes = 1000, .hint_retry_interval = absl::Hours(1)}, hooks, stats);
   ASSERT_TRUE(r.Enqueue(MakeTask("a", 2, 100)));
   first_put_started.wait();                        // the worker holds the first task: the queue is empty
@@ -118,23 +117,23 @@ TEST(ReplicatorTest, AFullQueueRefusesReplicasAndCountsThemAsFailures) {
 TEST(ReplicatorTest, BlocksOfADownOwnerAreHintedAndDeliveredWhenItReturns) {
   ClientStats stats;
   std::mutex mu;
-  bool up = false;                         // guarded by mu
-  std::vector<std::string> delivered_to;   // guarded by mu
+  bool up = false;                        // guarded by mu
+  std::vector<std::string> delivered_to;  // guarded by mu
   std::latch delivered(1);
-  Replicator::Hooks hooks{
-      .put = [&](const ReplicaTask& t) -> absl::StatusOr<std::vector<PutResult>> {
-        std::lock_guard<std::mutex> lock(mu);
-        if (t.node_id == "down" && !up) return std::vector<PutResult>(t.blocks.size(), PutResult::kError);
-        if (t.node_id == "down") {
-          delivered_to.push_back(t.node_id);
-          if (delivered_to.size() == 1) delivered.count_down();
-        }
-        // Every block of the "full" owner finds no space: refused, counted, not hinted.
-        std::vector<PutResult> results(t.blocks.size(), PutResult::kStored);
-        if (t.node_id == "full") results.assign(t.blocks.size(), PutResult::kNoSpace);
-        return results;
-      },
-      .in_ring = [&](const std::string&) { return true; }};
+  Replicator::Hooks hooks{.put = [&](const ReplicaTask& t) -> absl::StatusOr<std::vector<PutResult>> {
+                            std::lock_guard<std::mutex> lock(mu);
+                            if (t.node_id == "down" && !up)
+                              return std::vector<PutResult>(t.blocks.size(), PutResult::kError);
+                            if (t.node_id == "down") {
+                              delivered_to.push_back(t.node_id);
+                              if (delivered_to.size() == 1) delivered.count_down();
+                            }
+                            // Every block of the "full" owner finds no space: refused, counted, not hinted.
+                            std::vector<PutResult> results(t.blocks.size(), PutResult::kStored);
+                            if (t.node_id == "full") results.assign(t.blocks.size(), PutResult::kNoSpace);
+                            return results;
+                          },
+                          .in_ring = [&](const std::string&) { return true; }};
   Replicator r({.queue_bytes = 1 << 20, .hint_bytes = 1 << 20, .hint_retry_interval = absl::Milliseconds(1)}, hooks,
                stats);
   ASSERT_TRUE(r.Enqueue(MakeTask("down", 3, 100)));
@@ -158,11 +157,10 @@ TEST(ReplicatorTest, BlocksOfADownOwnerAreHintedAndDeliveredWhenItReturns) {
 
 TEST(ReplicatorTest, TheHintQueueDropsTheOldestHintsBeyondItsBound) {
   ClientStats stats;
-  Replicator::Hooks hooks{
-      .put = [](const ReplicaTask&) -> absl::StatusOr<std::vector<PutResult>> {
-        return absl::UnavailableError("not in the ring");
-      },
-      .in_ring = [](const std::string&) { return false; }};
+  Replicator::Hooks hooks{.put = [](const ReplicaTask&) -> absl::StatusOr<std::vector<PutResult>> {
+                            return absl::UnavailableError("not in the ring");
+                          },
+                          .in_ring = [](const std::string&) { return false; }};
   Replicator r({.queue_bytes = 1 << 20, .hint_bytes = 500, .hint_retry_interval = absl::Hours(1)}, hooks, stats);
   for (int i = 0; i < 4; ++i) ASSERT_TRUE(r.Enqueue(MakeTask("gone", 2, 100, static_cast<uint8_t>(i))));
   EXPECT_OK(r.Flush(absl::Hours(1)));

@@ -117,8 +117,8 @@ class FakeBlockIo final : public HostBlockIo {
   absl::StatusOr<std::vector<PutResult>> Put(const Namespace&, std::span<const Fingerprint> fps, uint32_t,
                                              std::span<const std::span<const std::byte>> data,
                                              uint32_t first_block_index) override {
-    log_->push_back(absl::StrCat("put ", fps.size(), " from ", first_block_index, " pending ",
-                                 (*engine_)->pending_copies()));
+    log_->push_back(
+        absl::StrCat("put ", fps.size(), " from ", first_block_index, " pending ", (*engine_)->pending_copies()));
     std::vector<PutResult> out;
     for (size_t i = 0; i < fps.size(); ++i) {
       blocks[fps[i].Hex()].assign(data[i].begin(), data[i].end());
@@ -158,9 +158,9 @@ class StagingPipelineTest : public ::testing::Test {
   void MakePipeline(uint32_t batch_blocks, uint32_t staging_buffers) {
     auto engine = std::make_unique<DeferredCopyEngine>(&log_);
     engine_ = engine.get();
-    auto p = StagingPipeline::Create(std::move(engine), {.batch_blocks = batch_blocks,
-                                                         .staging_buffers = staging_buffers,
-                                                         .staging_buffer_bytes = 1 << 20});
+    auto p = StagingPipeline::Create(
+        std::move(engine),
+        {.batch_blocks = batch_blocks, .staging_buffers = staging_buffers, .staging_buffer_bytes = 1 << 20});
     ASSERT_OK(p);
     pipeline_ = std::move(p).value();
   }
@@ -235,13 +235,12 @@ TEST_F(StagingPipelineTest, GetOverlapsTheNextBatchWithTheCopiesOfThePrevious) {
   ASSERT_OK(pipeline_->Get(io_, ns_, fps, 0, buffers_, nullptr));
   // The second host get runs while the first batch's two copies are still queued (overlap); the third
   // reuses slot 0, so it waits for those copies first, leaving only the second batch's pending.
-  EXPECT_EQ(Only("get"), (std::vector<std::string>{"get 2 pending 0", "get 2 pending 2", "get 2 pending 2",
-                                                    "get 2 pending 2"}));
+  EXPECT_EQ(Only("get"),
+            (std::vector<std::string>{"get 2 pending 0", "get 2 pending 2", "get 2 pending 2", "get 2 pending 2"}));
   // Each slot is waited on before the network refills it.
-  std::vector<std::string> expected_prefix = {"wait 0", "get 2 pending 0", "enqueue h2d", "enqueue h2d",
-                                              "record 0", "wait 1", "get 2 pending 2", "enqueue h2d",
-                                              "enqueue h2d", "record 1", "wait 0", "run h2d", "run h2d",
-                                              "get 2 pending 2"};
+  std::vector<std::string> expected_prefix = {"wait 0", "get 2 pending 0", "enqueue h2d", "enqueue h2d",    "record 0",
+                                              "wait 1", "get 2 pending 2", "enqueue h2d", "enqueue h2d",    "record 1",
+                                              "wait 0", "run h2d",         "run h2d",     "get 2 pending 2"};
   ASSERT_GE(log_.size(), expected_prefix.size());
   EXPECT_EQ(std::vector<std::string>(log_.begin(), log_.begin() + expected_prefix.size()), expected_prefix);
 }
@@ -262,8 +261,8 @@ TEST_F(StagingPipelineTest, OneStagingBufferStillMovesEveryBlockCorrectly) {
   const auto fps = Fps(9);
   ASSERT_OK(pipeline_->Put(io_, ns_, fps, 0, buffers_, nullptr, 0));
   const auto original = device_;
-  EXPECT_EQ(Only("put"), (std::vector<std::string>{"put 4 from 0 pending 0", "put 4 from 4 pending 0",
-                                                   "put 1 from 8 pending 0"}));
+  EXPECT_EQ(Only("put"),
+            (std::vector<std::string>{"put 4 from 0 pending 0", "put 4 from 4 pending 0", "put 1 from 8 pending 0"}));
   MakeDevice(9, 60);
   ASSERT_OK(pipeline_->Get(io_, ns_, fps, 0, buffers_, nullptr));
   engine_->Drain();
@@ -322,8 +321,8 @@ TEST_F(StagingPipelineTest, BatchesAreCappedByTheStagingBufferSize) {
   EXPECT_EQ((*p)->BlocksPerBatch(block / 2), 6u);
   MakeDevice(7, 5);
   ASSERT_OK((*p)->Put(io_, ns_, Fps(7), 0, buffers_, nullptr, 0));
-  EXPECT_EQ(Only("put"), (std::vector<std::string>{"put 3 from 0 pending 3", "put 3 from 3 pending 1",
-                                                   "put 1 from 6 pending 0"}));
+  EXPECT_EQ(Only("put"),
+            (std::vector<std::string>{"put 3 from 0 pending 3", "put 3 from 3 pending 1", "put 1 from 6 pending 0"}));
 }
 
 TEST_F(StagingPipelineTest, BadCallsAreRefusedBeforeAnyTransfer) {
@@ -349,8 +348,8 @@ TEST_F(StagingPipelineTest, BadCallsAreRefusedBeforeAnyTransfer) {
   EXPECT_NE(s.message().find("device buffer 0"), std::string::npos) << s;
   Namespace big = ns_;
   big.layout.num_layers = 1 << 16;  // 64 K layers x 256 B > the 1 MiB staging buffers
-  std::vector<DeviceBuffer> big_buffers(1, {.device = 0, .ptr = device_[0].data(),
-                                            .size_bytes = big.layout.ShardBytes()});
+  std::vector<DeviceBuffer> big_buffers(1,
+                                        {.device = 0, .ptr = device_[0].data(), .size_bytes = big.layout.ShardBytes()});
   s = pipeline_->Get(io_, big, std::span(fps).first(1), 0, big_buffers, nullptr).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(s.message().find("staging_buffer_bytes"), std::string::npos) << s;
@@ -376,8 +375,8 @@ TEST(StagingPipelineLifetimeTest, DestructionWaitsForPendingCopiesThenFreesEvery
   std::vector<std::string> log;
   auto engine = std::make_unique<DeferredCopyEngine>(&log);
   DeferredCopyEngine* raw = engine.get();
-  auto p = StagingPipeline::Create(std::move(engine), {.batch_blocks = 2, .staging_buffers = 3,
-                                                       .staging_buffer_bytes = 4096});
+  auto p = StagingPipeline::Create(std::move(engine),
+                                   {.batch_blocks = 2, .staging_buffers = 3, .staging_buffer_bytes = 4096});
   ASSERT_OK(p);
   FakeBlockIo io(&log, &raw);
   Namespace ns = SmallNamespace();

@@ -29,8 +29,8 @@ TEST(UcxMessagesTest, HelloReplyCarriesItsFlagsAndStillReadsAReplyWithout) {
   ASSERT_TRUE(old.has_value());
   EXPECT_EQ(old->node_id, "node-a");
   EXPECT_EQ(old->flags, 0u);
-  EXPECT_FALSE(DecodeHelloReply(Bytes(with + "x")).has_value());                   // trailing garbage
-  EXPECT_FALSE(DecodeHelloReply(Bytes(with.substr(0, 15))).has_value());           // node id cut short
+  EXPECT_FALSE(DecodeHelloReply(Bytes(with + "x")).has_value());          // trailing garbage
+  EXPECT_FALSE(DecodeHelloReply(Bytes(with.substr(0, 15))).has_value());  // node id cut short
   EXPECT_FALSE(DecodeHelloReply(Bytes(without.substr(0, without.size() - 1))).has_value());
 }
 

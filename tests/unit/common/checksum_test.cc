@@ -31,14 +31,12 @@ TEST(BlockChecksumTest, MatchesReferenceXxh3ValuesInEveryLengthClass) {
     a[i] = static_cast<uint8_t>(x);
   }
   const std::vector<std::pair<size_t, uint64_t>> vectors = {
-      {0, 0x2d06800538d394c2},    {1, 0xd0d496e05c553485},    {2, 0x84d625edb7055eac},
-      {3, 0x6ea2d59aca5c3778},    {4, 0xbf65290914e80242},    {5, 0xc01fd099ad4fc8e4},
-      {6, 0x9e3ea8187399caa5},    {7, 0x9da8b60540644f5a},    {8, 0xabc1413da6cd0209},
-      {9, 0x8bc89400bfed51f6},    {16, 0x7e46916754d7c9b8},   {17, 0xed4be912ba5f836d},
-      {32, 0xf59b59b58c304fd1},   {33, 0x9013fb74ca603e0c},   {64, 0xfa5271fcce0db1c3},
-      {65, 0x79c42431727f1012},   {96, 0x591ee0ddf9c9ccd1},   {97, 0x8ffc6a3111fe19da},
-      {128, 0x06a146ee9a2da378},  {129, 0xbc7138129bf065da},  {403, 0xcefeb3ffa532ad8c},
-      {512, 0xcdfa6b6268e3650f},  {513, 0x4bb5d42742f9765f},  {2048, 0x330ce110cbb79eae},
+      {0, 0x2d06800538d394c2},    {1, 0xd0d496e05c553485},    {2, 0x84d625edb7055eac},    {3, 0x6ea2d59aca5c3778},
+      {4, 0xbf65290914e80242},    {5, 0xc01fd099ad4fc8e4},    {6, 0x9e3ea8187399caa5},    {7, 0x9da8b60540644f5a},
+      {8, 0xabc1413da6cd0209},    {9, 0x8bc89400bfed51f6},    {16, 0x7e46916754d7c9b8},   {17, 0xed4be912ba5f836d},
+      {32, 0xf59b59b58c304fd1},   {33, 0x9013fb74ca603e0c},   {64, 0xfa5271fcce0db1c3},   {65, 0x79c42431727f1012},
+      {96, 0x591ee0ddf9c9ccd1},   {97, 0x8ffc6a3111fe19da},   {128, 0x06a146ee9a2da378},  {129, 0xbc7138129bf065da},
+      {403, 0xcefeb3ffa532ad8c},  {512, 0xcdfa6b6268e3650f},  {513, 0x4bb5d42742f9765f},  {2048, 0x330ce110cbb79eae},
       {2049, 0x3ba6afa0249fef9a}, {2240, 0xd61d4d2a94e926a8}, {2243, 0x0979f786a24edde7},
   };
   for (const auto& [len, want] : vectors) {

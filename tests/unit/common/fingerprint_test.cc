@@ -59,8 +59,7 @@ std::vector<uint32_t> Tokens(size_t count, uint32_t seed = 1) {
   return tokens;
 }
 
-std::vector<Fingerprint> Chain(const Namespace& ns, const std::vector<uint32_t>& tokens,
-                               const ExtraKeys& extra = {}) {
+std::vector<Fingerprint> Chain(const Namespace& ns, const std::vector<uint32_t>& tokens, const ExtraKeys& extra = {}) {
   absl::StatusOr<std::vector<Fingerprint>> fps = ChainFingerprints(ns, tokens, extra);
   EXPECT_TRUE(fps.ok()) << fps.status();
   return fps.ok() ? *std::move(fps) : std::vector<Fingerprint>{};
@@ -75,13 +74,11 @@ std::string HexList(const std::vector<Fingerprint>& fps) {
 // --- The golden vectors (tests/data/fingerprint_golden.txt; format in docs/fingerprints.md) --------
 
 std::filesystem::path GoldenPath() {
-  if (const char* source_dir = std::getenv("KVTIER_SOURCE_DIR");
-      source_dir != nullptr && *source_dir != '\0') {
+  if (const char* source_dir = std::getenv("KVTIER_SOURCE_DIR"); source_dir != nullptr && *source_dir != '\0') {
     return std::filesystem::path(source_dir) / "tests/data/fingerprint_golden.txt";
   }
   // This file is <repo>/tests/unit/common/fingerprint_test.cc.
-  return std::filesystem::path(__FILE__).parent_path().parent_path().parent_path() /
-         "data/fingerprint_golden.txt";
+  return std::filesystem::path(__FILE__).parent_path().parent_path().parent_path() / "data/fingerprint_golden.txt";
 }
 
 struct GoldenRecord {
@@ -433,8 +430,8 @@ TEST(ChainFingerprintsTest, TheOrderOfMultimodalInputsMatters) {
 TEST(ChainFingerprintsTest, OnlyFullBlocksGetFingerprints) {
   const Namespace ns = Llama8b();
   const size_t b = ns.layout.block_tokens;
-  const std::vector<std::pair<size_t, size_t>> cases = {
-      {0, 0}, {1, 0}, {b - 1, 0}, {b, 1}, {b + 1, 1}, {2 * b - 1, 1}, {2 * b, 2}, {2 * b + 1, 2}};
+  const std::vector<std::pair<size_t, size_t>> cases = {{0, 0},     {1, 0},         {b - 1, 0}, {b, 1},
+                                                        {b + 1, 1}, {2 * b - 1, 1}, {2 * b, 2}, {2 * b + 1, 2}};
   for (const auto& [num_tokens, want_blocks] : cases) {
     absl::StatusOr<std::vector<Fingerprint>> fps = ChainFingerprints(ns, Tokens(num_tokens));
     ASSERT_TRUE(fps.ok()) << fps.status();
@@ -584,8 +581,7 @@ TEST(ChainFingerprintsTest, RejectsExtraKeysOutOfRangeAndNamesThem) {
   // The limits themselves are accepted: 255 bytes, and an input ending exactly at 2^32.
   ExtraKeys at_limits;
   at_limits.lora = LoraKey{.adapter_id = std::string(255, 'x')};
-  at_limits.multimodal = {
-      {.content_hash = std::string(255, 'h'), .offset_tokens = 0xfffffff0u, .length_tokens = 0x10}};
+  at_limits.multimodal = {{.content_hash = std::string(255, 'h'), .offset_tokens = 0xfffffff0u, .length_tokens = 0x10}};
   EXPECT_TRUE(ChainFingerprints(Llama8b(), Tokens(32), at_limits).ok());
 }
 
@@ -691,8 +687,8 @@ TEST(FingerprintTest, FromHexAcceptsEitherCase) {
 TEST(FingerprintTest, FromHexRejectsBadInput) {
   const std::string good(64, 'a');
   for (const std::string& bad :
-       {std::string(), std::string(63, 'a'), std::string(65, 'a'), good.substr(0, 62) + "g0",
-        good.substr(0, 63) + " ", "0x" + good.substr(2), good.substr(0, 10) + "-" + good.substr(11)}) {
+       {std::string(), std::string(63, 'a'), std::string(65, 'a'), good.substr(0, 62) + "g0", good.substr(0, 63) + " ",
+        "0x" + good.substr(2), good.substr(0, 10) + "-" + good.substr(11)}) {
     absl::StatusOr<Fingerprint> fp = Fingerprint::FromHex(bad);
     EXPECT_EQ(fp.status().code(), absl::StatusCode::kInvalidArgument) << "\"" << bad << "\"";
   }

@@ -20,9 +20,9 @@ TEST(HostPortTest, SplitsAtTheLastColon) {
 }
 
 TEST(HostPortTest, RefusesPortsThatWouldWrapAndNamesTheAddress) {
-  for (const std::string bad : {"127.0.0.1:100403", "127.0.0.1:65536", "127.0.0.1:-1", "127.0.0.1:+80",
-                                "127.0.0.1: 80", "127.0.0.1:80x", "127.0.0.1:", "127.0.0.1", ":80",
-                                "127.0.0.1:0000080", "127.0.0.1:0"}) {
+  for (const std::string bad :
+       {"127.0.0.1:100403", "127.0.0.1:65536", "127.0.0.1:-1", "127.0.0.1:+80", "127.0.0.1: 80", "127.0.0.1:80x",
+        "127.0.0.1:", "127.0.0.1", ":80", "127.0.0.1:0000080", "127.0.0.1:0"}) {
     auto r = ParseHostPort(bad);
     ASSERT_FALSE(r.ok()) << bad;
     EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << bad;

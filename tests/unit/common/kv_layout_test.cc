@@ -116,8 +116,7 @@ TEST(KvLayoutTest, MlaValidation) {
   KvLayout bad_group = DeepSeekV3();
   bad_group.codec = Codec::kInt8;
   bad_group.quant_group_size = 100;
-  EXPECT_TRUE(
-      absl::StartsWith(bad_group.Validate().message(), "layout.quant_group_size: must divide latent_dim"))
+  EXPECT_TRUE(absl::StartsWith(bad_group.Validate().message(), "layout.quant_group_size: must divide latent_dim"))
       << bad_group.Validate();
   bad_group.quant_group_size = 64;  // 576 = 9 x 64
   EXPECT_TRUE(bad_group.Validate().ok()) << bad_group.Validate();

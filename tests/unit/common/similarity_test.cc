@@ -15,8 +15,7 @@ namespace {
 
 // Two item sets of `common` shared items and `own` items each of their own: Jaccard common / (common +
 // 2 own). Items are random 64-bit values drawn from `rng`, so every pair is a fresh trial.
-std::pair<std::vector<uint64_t>, std::vector<uint64_t>> PairWithJaccard(std::mt19937_64& rng, int common,
-                                                                        int own) {
+std::pair<std::vector<uint64_t>, std::vector<uint64_t>> PairWithJaccard(std::mt19937_64& rng, int common, int own) {
   std::vector<uint64_t> a, b;
   for (int i = 0; i < common; ++i) {
     const uint64_t x = rng();

@@ -58,7 +58,8 @@ TEST_F(DeviceMemoryGpuTest, BytesRoundTripAtOffsets) {
   ASSERT_NE(region->device_data(), nullptr);
   EXPECT_EQ(region->size_bytes(), kRegion);
   // Odd sizes and offsets, the last one ending exactly at the region's end.
-  const std::vector<std::pair<uint64_t, uint64_t>> ranges = {{0, 1}, {7, 4097}, {1 << 20, 1 << 20}, {kRegion - 513, 513}};
+  const std::vector<std::pair<uint64_t, uint64_t>> ranges = {
+      {0, 1}, {7, 4097}, {1 << 20, 1 << 20}, {kRegion - 513, 513}};
   for (size_t i = 0; i < ranges.size(); ++i) {
     const auto [offset, bytes] = ranges[i];
     const std::vector<std::byte> in = Pattern(bytes, static_cast<uint32_t>(i));

@@ -24,17 +24,19 @@ TEST(GatherScatterCudaTest, ArgumentsAreCheckedEvenWithoutADevice) {
   std::vector<int32_t> table = {0, 1, 2};
   PagedCacheSpec bad = spec;
   bad.page_size = 5;
-  EXPECT_EQ(GatherCuda(bad, testing::ConstPointers(caches).data(), table.data(), 1,
-                       testing::Pointers<void>(blocks).data()).code,
-            kKernelInvalidArgument);
+  EXPECT_EQ(
+      GatherCuda(bad, testing::ConstPointers(caches).data(), table.data(), 1, testing::Pointers<void>(blocks).data())
+          .code,
+      kKernelInvalidArgument);
   table[2] = 99;
-  EXPECT_EQ(ScatterCuda(spec, testing::ConstPointers(blocks).data(), table.data(), 1,
-                        testing::Pointers<void>(caches).data()).code,
-            kKernelInvalidArgument);
+  EXPECT_EQ(
+      ScatterCuda(spec, testing::ConstPointers(blocks).data(), table.data(), 1, testing::Pointers<void>(caches).data())
+          .code,
+      kKernelInvalidArgument);
   if (CudaAvailable()) return;
   table[2] = 2;
-  const KernelStatus s = GatherCuda(spec, testing::ConstPointers(caches).data(), table.data(), 1,
-                                    testing::Pointers<void>(blocks).data());
+  const KernelStatus s =
+      GatherCuda(spec, testing::ConstPointers(caches).data(), table.data(), 1, testing::Pointers<void>(blocks).data());
   EXPECT_EQ(s.code, kKernelNoCuda) << s.message;
   EXPECT_FALSE(s.message.empty());
 }
@@ -53,9 +55,8 @@ struct Case {
 };
 
 void PrintTo(const Case& c, std::ostream* os) {
-  *os << testing::LayoutName(c.layout) << " e" << c.element_bytes << " p" << c.page_size << " t"
-      << c.block_tokens << " d" << c.dim << " misalign " << c.misalign
-      << (c.tables_on_device ? " device tables" : " host tables");
+  *os << testing::LayoutName(c.layout) << " e" << c.element_bytes << " p" << c.page_size << " t" << c.block_tokens
+      << " d" << c.dim << " misalign " << c.misalign << (c.tables_on_device ? " device tables" : " host tables");
 }
 
 class GatherScatterCudaTest : public ::testing::TestWithParam<Case> {
@@ -94,16 +95,19 @@ TEST_P(GatherScatterCudaTest, MatchesTheCpuReferenceExactly) {
   const std::vector<int32_t> table = testing::RandomTable(spec, num_blocks, rng);
   std::vector<Bytes> want(num_blocks, Bytes(spec.BlockBytes()));
   ASSERT_TRUE(GatherCpu(spec, testing::ConstPointers(caches).data(), table.data(), num_blocks,
-                        testing::Pointers<void>(want).data()).ok());
+                        testing::Pointers<void>(want).data())
+                  .ok());
   CudaLaunchOptions options;
   options.tables_on_device = c.tables_on_device;
   DeviceBuffer d_table(Bytes(reinterpret_cast<const unsigned char*>(table.data()),
                              reinterpret_cast<const unsigned char*>(table.data() + table.size())));
   const size_t ptr_bytes = sizeof(void*);
-  DeviceBuffer d_cache_ptrs(Bytes(reinterpret_cast<const unsigned char*>(cache_ptrs.data()),
-                                  reinterpret_cast<const unsigned char*>(cache_ptrs.data()) + ptr_bytes * cache_ptrs.size()));
-  DeviceBuffer d_block_ptrs(Bytes(reinterpret_cast<const unsigned char*>(block_ptrs.data()),
-                                  reinterpret_cast<const unsigned char*>(block_ptrs.data()) + ptr_bytes * block_ptrs.size()));
+  DeviceBuffer d_cache_ptrs(
+      Bytes(reinterpret_cast<const unsigned char*>(cache_ptrs.data()),
+            reinterpret_cast<const unsigned char*>(cache_ptrs.data()) + ptr_bytes * cache_ptrs.size()));
+  DeviceBuffer d_block_ptrs(
+      Bytes(reinterpret_cast<const unsigned char*>(block_ptrs.data()),
+            reinterpret_cast<const unsigned char*>(block_ptrs.data()) + ptr_bytes * block_ptrs.size()));
   auto tbl = [&](const std::vector<int32_t>& host, DeviceBuffer& dev) {
     return c.tables_on_device ? reinterpret_cast<const int32_t*>(dev.get()) : host.data();
   };
@@ -127,7 +131,8 @@ TEST_P(GatherScatterCudaTest, MatchesTheCpuReferenceExactly) {
     ASSERT_TRUE(d_blocks[b].Upload(padded));
   }
   ASSERT_TRUE(ScatterCpu(spec, testing::ConstPointers(fresh).data(), unique.data(), num_blocks,
-                         testing::Pointers<void>(caches).data()).ok());
+                         testing::Pointers<void>(caches).data())
+                  .ok());
   DeviceBuffer d_unique(Bytes(reinterpret_cast<const unsigned char*>(unique.data()),
                               reinterpret_cast<const unsigned char*>(unique.data() + unique.size())));
   s = ScatterCuda(spec, blocks_arg, tbl(unique, d_unique), num_blocks, caches_arg, options);
@@ -140,21 +145,20 @@ TEST_P(GatherScatterCudaTest, MatchesTheCpuReferenceExactly) {
 
 INSTANTIATE_TEST_SUITE_P(
     Layouts, GatherScatterCudaTest,
-    ::testing::Values(
-        Case{EngineLayout::kKvFirst, 2, 16, 64, 128, 0, false},   // Llama-like, 16-byte path
-        Case{EngineLayout::kPageFirst, 2, 16, 64, 128, 0, true},
-        Case{EngineLayout::kMla, 2, 8, 32, 576, 0, false},
-        Case{EngineLayout::kMla, 1, 1, 4, 576, 0, true},          // SGLang-style page_size 1, fp8
-        Case{EngineLayout::kKvFirst, 1, 4, 12, 5, 0, false},      // odd run length: byte path
-        Case{EngineLayout::kPageFirst, 2, 4, 8, 8, 8, false},     // 8-byte aligned blocks
-        Case{EngineLayout::kKvFirst, 2, 4, 8, 8, 2, true},        // 2-byte aligned blocks
-        Case{EngineLayout::kMla, 2, 4, 8, 64, 3, false},          // unaligned blocks
-        Case{EngineLayout::kKvFirst, 4, 2, 4, 6, 4, false}),
+    ::testing::Values(Case{EngineLayout::kKvFirst, 2, 16, 64, 128, 0, false},  // Llama-like, 16-byte path
+                      Case{EngineLayout::kPageFirst, 2, 16, 64, 128, 0, true},
+                      Case{EngineLayout::kMla, 2, 8, 32, 576, 0, false},
+                      Case{EngineLayout::kMla, 1, 1, 4, 576, 0, true},       // SGLang-style page_size 1, fp8
+                      Case{EngineLayout::kKvFirst, 1, 4, 12, 5, 0, false},   // odd run length: byte path
+                      Case{EngineLayout::kPageFirst, 2, 4, 8, 8, 8, false},  // 8-byte aligned blocks
+                      Case{EngineLayout::kKvFirst, 2, 4, 8, 8, 2, true},     // 2-byte aligned blocks
+                      Case{EngineLayout::kMla, 2, 4, 8, 64, 3, false},       // unaligned blocks
+                      Case{EngineLayout::kKvFirst, 4, 2, 4, 6, 4, false}),
     [](const ::testing::TestParamInfo<Case>& info) {
       const Case& c = info.param;
       return testing::LayoutName(c.layout) + "_e" + std::to_string(c.element_bytes) + "_p" +
-             std::to_string(c.page_size) + "_t" + std::to_string(c.block_tokens) + "_d" +
-             std::to_string(c.dim) + "_m" + std::to_string(c.misalign) + (c.tables_on_device ? "_dev" : "_host");
+             std::to_string(c.page_size) + "_t" + std::to_string(c.block_tokens) + "_d" + std::to_string(c.dim) + "_m" +
+             std::to_string(c.misalign) + (c.tables_on_device ? "_dev" : "_host");
     });
 
 TEST(GatherScatterCudaPinnedTest, GathersStraightIntoMappedPinnedHostMemory) {

@@ -26,8 +26,8 @@ struct Case {
 };
 
 void PrintTo(const Case& c, std::ostream* os) {
-  *os << testing::LayoutName(c.layout) << " e" << c.element_bytes << " p" << c.page_size << " t"
-      << c.block_tokens << " d" << c.dim;
+  *os << testing::LayoutName(c.layout) << " e" << c.element_bytes << " p" << c.page_size << " t" << c.block_tokens
+      << " d" << c.dim;
 }
 
 class GatherScatterTest : public ::testing::TestWithParam<Case> {
@@ -71,9 +71,9 @@ TEST_P(GatherScatterTest, ScatterThenGatherRoundTripsAndTouchesOnlyNamedPages) {
     for (int32_t page = 0; page < spec.num_pages; ++page) {
       if (named[page]) continue;
       for (int kv = 0; kv < spec.block.NumKv(); ++kv) {
-        const int64_t off = (spec.layout == EngineLayout::kKvFirst
-                                 ? int64_t{kv} * spec.num_pages + page
-                                 : int64_t{page} * spec.block.NumKv() + kv) * spec.PageBytes();
+        const int64_t off = (spec.layout == EngineLayout::kKvFirst ? int64_t{kv} * spec.num_pages + page
+                                                                   : int64_t{page} * spec.block.NumKv() + kv) *
+                            spec.PageBytes();
         for (int64_t i = 0; i < spec.PageBytes(); ++i) {
           ASSERT_EQ(caches[l][off + i], 0) << "layer " << l << " page " << page;
         }
@@ -98,15 +98,18 @@ TEST_P(GatherScatterTest, GatherThenScatterRestoresTheNamedPages) {
   const std::vector<int32_t> table = testing::UniqueTable(spec, num_blocks, rng);
   std::vector<Bytes> blocks(num_blocks, Bytes(spec.BlockBytes()));
   ASSERT_TRUE(GatherCpu(spec, testing::ConstPointers(caches).data(), table.data(), num_blocks,
-                        testing::Pointers<void>(blocks).data()).ok());
+                        testing::Pointers<void>(blocks).data())
+                  .ok());
   // Scatter into a copy whose named pages were wiped: the copy must equal the original again.
   std::vector<Bytes> wiped = caches;
   std::vector<Bytes> garbage(num_blocks, Bytes(spec.BlockBytes(), 0x5A));
   ASSERT_TRUE(ScatterCpu(spec, testing::ConstPointers(garbage).data(), table.data(), num_blocks,
-                         testing::Pointers<void>(wiped).data()).ok());
+                         testing::Pointers<void>(wiped).data())
+                  .ok());
   ASSERT_NE(wiped, caches);
   ASSERT_TRUE(ScatterCpu(spec, testing::ConstPointers(blocks).data(), table.data(), num_blocks,
-                         testing::Pointers<void>(wiped).data()).ok());
+                         testing::Pointers<void>(wiped).data())
+                  .ok());
   EXPECT_EQ(wiped, caches);
 }
 
@@ -119,8 +122,7 @@ INSTANTIATE_TEST_SUITE_P(
     [](const ::testing::TestParamInfo<Case>& info) {
       const Case& c = info.param;
       return testing::LayoutName(c.layout) + "_e" + std::to_string(c.element_bytes) + "_p" +
-             std::to_string(c.page_size) + "_t" + std::to_string(c.block_tokens) + "_d" +
-             std::to_string(c.dim);
+             std::to_string(c.page_size) + "_t" + std::to_string(c.block_tokens) + "_d" + std::to_string(c.dim);
     });
 
 class GatherScatterErrorsTest : public ::testing::Test {
@@ -211,11 +213,13 @@ TEST_F(GatherScatterErrorsTest, NullPointersAreRejected) {
             kKernelInvalidArgument);
   EXPECT_EQ(GatherCpu(spec_, nullptr, table_.data(), 2, testing::Pointers<void>(blocks_).data()).code,
             kKernelInvalidArgument);
-  EXPECT_EQ(GatherCpu(spec_, testing::ConstPointers(caches_).data(), nullptr, 2,
-                      testing::Pointers<void>(blocks_).data()).code,
-            kKernelInvalidArgument);
+  EXPECT_EQ(
+      GatherCpu(spec_, testing::ConstPointers(caches_).data(), nullptr, 2, testing::Pointers<void>(blocks_).data())
+          .code,
+      kKernelInvalidArgument);
   EXPECT_EQ(GatherCpu(spec_, testing::ConstPointers(caches_).data(), table_.data(), -1,
-                      testing::Pointers<void>(blocks_).data()).code,
+                      testing::Pointers<void>(blocks_).data())
+                .code,
             kKernelInvalidArgument);
 }
 

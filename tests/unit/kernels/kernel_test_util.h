@@ -33,9 +33,12 @@ inline Bytes RandomBytes(size_t n, std::mt19937_64& rng) {
 
 inline std::string LayoutName(EngineLayout layout) {
   switch (layout) {
-    case EngineLayout::kKvFirst: return "kv_first";
-    case EngineLayout::kPageFirst: return "page_first";
-    case EngineLayout::kMla: return "mla";
+    case EngineLayout::kKvFirst:
+      return "kv_first";
+    case EngineLayout::kPageFirst:
+      return "page_first";
+    case EngineLayout::kMla:
+      return "mla";
   }
   return "?";
 }
@@ -61,8 +64,7 @@ inline PagedCacheSpec SmallSpec(EngineLayout layout, int32_t element_bytes, int3
 }
 
 // Page ids in [0, num_pages), with repeats and in no order.
-inline std::vector<int32_t> RandomTable(const PagedCacheSpec& spec, int32_t num_blocks,
-                                        std::mt19937_64& rng) {
+inline std::vector<int32_t> RandomTable(const PagedCacheSpec& spec, int32_t num_blocks, std::mt19937_64& rng) {
   std::vector<int32_t> table(static_cast<size_t>(num_blocks) * spec.PagesPerBlock());
   std::uniform_int_distribution<int32_t> page(0, spec.num_pages - 1);
   for (auto& p : table) p = page(rng);
@@ -71,8 +73,7 @@ inline std::vector<int32_t> RandomTable(const PagedCacheSpec& spec, int32_t num_
 }
 
 // Distinct page ids in no order (num_blocks * PagesPerBlock() <= num_pages).
-inline std::vector<int32_t> UniqueTable(const PagedCacheSpec& spec, int32_t num_blocks,
-                                        std::mt19937_64& rng) {
+inline std::vector<int32_t> UniqueTable(const PagedCacheSpec& spec, int32_t num_blocks, std::mt19937_64& rng) {
   std::vector<int32_t> pages(spec.num_pages);
   std::iota(pages.begin(), pages.end(), 0);
   std::shuffle(pages.begin(), pages.end(), rng);
@@ -134,17 +135,13 @@ inline std::vector<const void*> ConstPointers(const std::vector<Bytes>& buffers)
 
 // ---- quantization ----
 
-inline uint16_t ToBits(FloatType type, float v) {
-  return type == FloatType::kFp16 ? FloatToFp16(v) : FloatToBf16(v);
-}
+inline uint16_t ToBits(FloatType type, float v) { return type == FloatType::kFp16 ? FloatToFp16(v) : FloatToBf16(v); }
 
 inline float FromBits(FloatType type, uint16_t bits) {
   return type == FloatType::kFp16 ? Fp16ToFloat(bits) : Bf16ToFloat(bits);
 }
 
-inline float MaxFinite(FloatType type) {
-  return type == FloatType::kFp16 ? 65504.0f : Bf16ToFloat(0x7F7F);
-}
+inline float MaxFinite(FloatType type) { return type == FloatType::kFp16 ? 65504.0f : Bf16ToFloat(0x7F7F); }
 
 // A float block whose groups cycle through hard regimes: plain Gaussian, large and small magnitudes,
 // all zero (+0 and -0), the type's largest magnitude next to ordinary values, all negative, fp16
@@ -160,14 +157,29 @@ inline Bytes MakeFloatBlock(const QuantSpec& spec, std::mt19937_64& rng) {
     for (int64_t i = 0; i < group; ++i) {
       float v = normal(rng);
       switch (regime) {
-        case 0: break;
-        case 1: v *= 1000.0f; break;
-        case 2: v = (i % 2) ? -0.0f : 0.0f; break;
-        case 3: v = (i == group / 2) ? MaxFinite(spec.float_type) : (i == 0 ? -MaxFinite(spec.float_type) : v * 100.0f); break;
-        case 4: v *= 1e-3f; break;
-        case 5: v = -std::fabs(v) - 0.25f; break;
-        case 6: v *= fp16 ? 3e-6f : 1e-30f; break;  // fp16 subnormals are below 6.1e-5
-        default: v = (i == 1) ? 300.0f : v * 1e-3f; break;
+        case 0:
+          break;
+        case 1:
+          v *= 1000.0f;
+          break;
+        case 2:
+          v = (i % 2) ? -0.0f : 0.0f;
+          break;
+        case 3:
+          v = (i == group / 2) ? MaxFinite(spec.float_type) : (i == 0 ? -MaxFinite(spec.float_type) : v * 100.0f);
+          break;
+        case 4:
+          v *= 1e-3f;
+          break;
+        case 5:
+          v = -std::fabs(v) - 0.25f;
+          break;
+        case 6:
+          v *= fp16 ? 3e-6f : 1e-30f;
+          break;  // fp16 subnormals are below 6.1e-5
+        default:
+          v = (i == 1) ? 300.0f : v * 1e-3f;
+          break;
       }
       const uint16_t bits = ToBits(spec.float_type, v);
       std::memcpy(&out[(g * group + i) * 2], &bits, 2);
@@ -215,7 +227,9 @@ class DeviceBuffer {
     if (cudaMalloc(&ptr_, bytes == 0 ? 1 : bytes) != cudaSuccess) ptr_ = nullptr;
   }
   DeviceBuffer(const Bytes& host) : DeviceBuffer(host.size()) { Upload(host); }
-  ~DeviceBuffer() { if (ptr_ != nullptr) cudaFree(ptr_); }
+  ~DeviceBuffer() {
+    if (ptr_ != nullptr) cudaFree(ptr_);
+  }
   DeviceBuffer(DeviceBuffer&& o) noexcept : ptr_(o.ptr_), bytes_(o.bytes_) { o.ptr_ = nullptr; }
   DeviceBuffer(const DeviceBuffer&) = delete;
   DeviceBuffer& operator=(const DeviceBuffer&) = delete;

@@ -59,14 +59,14 @@ TEST(NumericTest, RoundingIsToNearestEven) {
   EXPECT_EQ(FloatToFp16(1.0f + 3 * std::ldexp(1.0f, -11)), 0x3C02);  // tie -> even (mantissa 2)
   EXPECT_EQ(FloatToFp16(std::ldexp(1.0f, -25)), 0x0000);             // half the smallest subnormal
   EXPECT_EQ(FloatToFp16(std::ldexp(1.5f, -25)), 0x0001);
-  EXPECT_EQ(FloatToFp16(-std::ldexp(3.0f, -25)), 0x8002);            // 1.5 ulp ties to 2
+  EXPECT_EQ(FloatToFp16(-std::ldexp(3.0f, -25)), 0x8002);  // 1.5 ulp ties to 2
   EXPECT_EQ(FloatToBf16(1.0f + std::ldexp(1.0f, -8)), 0x3F80);
   EXPECT_EQ(FloatToBf16(1.0f + 3 * std::ldexp(1.0f, -8)), 0x3F82);
   EXPECT_EQ(FloatToFp8E4m3(1.0f + 1.0f / 16), 0x38);
   EXPECT_EQ(FloatToFp8E4m3(1.0f + 3.0f / 16), 0x3A);
   EXPECT_EQ(FloatToFp8E4m3(std::ldexp(1.0f, -10)), 0x00);
   EXPECT_EQ(FloatToFp8E4m3(-std::ldexp(1.0f, -10)), 0x80);
-  EXPECT_EQ(FloatToFp8E4m3(std::ldexp(3.0f, -10)), 0x02);            // 1.5 subnormal ulps -> 2
+  EXPECT_EQ(FloatToFp8E4m3(std::ldexp(3.0f, -10)), 0x02);  // 1.5 subnormal ulps -> 2
 }
 
 TEST(NumericTest, OverflowSaturatesOrGoesToInfinityAsDocumented) {
@@ -137,8 +137,7 @@ TEST(NumericCudaTest, ConversionsMatchCudasBitForBit) {
     ASSERT_EQ(FloatToFp16(f), static_cast<__half_raw>(h).x) << f << " bits " << FloatBits(f);
     const __nv_bfloat16 b = __float2bfloat16_rn(f);
     ASSERT_EQ(FloatToBf16(f), static_cast<__nv_bfloat16_raw>(b).x) << f << " bits " << FloatBits(f);
-    ASSERT_EQ(FloatToFp8E4m3(f), __nv_cvt_float_to_fp8(f, __NV_SATFINITE, __NV_E4M3))
-        << f << " bits " << FloatBits(f);
+    ASSERT_EQ(FloatToFp8E4m3(f), __nv_cvt_float_to_fp8(f, __NV_SATFINITE, __NV_E4M3)) << f << " bits " << FloatBits(f);
   });
   EXPECT_GT(checked, 2000000);
 }

@@ -99,10 +99,11 @@ TEST_P(QuantizeCudaTest, MatchesTheCpuReferenceBitForBit) {
     q_const.push_back(q_ptrs.back());
     f_ptrs.push_back(d_f.back().get() + c.misalign);
   }
-  ASSERT_TRUE(QuantizeCpu(spec, testing::ConstPointers(in).data(), num_blocks,
-                          testing::Pointers<void>(want_q).data()).ok());
-  ASSERT_TRUE(DequantizeCpu(spec, testing::ConstPointers(want_q).data(), num_blocks,
-                            testing::Pointers<void>(want_f).data()).ok());
+  ASSERT_TRUE(
+      QuantizeCpu(spec, testing::ConstPointers(in).data(), num_blocks, testing::Pointers<void>(want_q).data()).ok());
+  ASSERT_TRUE(
+      DequantizeCpu(spec, testing::ConstPointers(want_q).data(), num_blocks, testing::Pointers<void>(want_f).data())
+          .ok());
 
   CudaLaunchOptions options;
   options.tables_on_device = c.tables_on_device;
@@ -111,9 +112,11 @@ TEST_P(QuantizeCudaTest, MatchesTheCpuReferenceBitForBit) {
     return DeviceBuffer(Bytes(p, p + sizeof(void*) * ptrs.size()));
   };
   DeviceBuffer d_in_ptrs = to_device(in_ptrs), d_q_ptrs = to_device(q_ptrs), d_f_ptrs = to_device(f_ptrs);
-  const void* const* in_arg = c.tables_on_device ? reinterpret_cast<const void* const*>(d_in_ptrs.get()) : in_ptrs.data();
+  const void* const* in_arg =
+      c.tables_on_device ? reinterpret_cast<const void* const*>(d_in_ptrs.get()) : in_ptrs.data();
   void* const* q_arg = c.tables_on_device ? reinterpret_cast<void* const*>(d_q_ptrs.get()) : q_ptrs.data();
-  const void* const* q_in_arg = c.tables_on_device ? reinterpret_cast<const void* const*>(d_q_ptrs.get()) : q_const.data();
+  const void* const* q_in_arg =
+      c.tables_on_device ? reinterpret_cast<const void* const*>(d_q_ptrs.get()) : q_const.data();
   void* const* f_arg = c.tables_on_device ? reinterpret_cast<void* const*>(d_f_ptrs.get()) : f_ptrs.data();
 
   KernelStatus s = QuantizeCuda(spec, in_arg, num_blocks, q_arg, options);
@@ -124,7 +127,8 @@ TEST_P(QuantizeCudaTest, MatchesTheCpuReferenceBitForBit) {
     ASSERT_EQ(got.size(), want_q[b].size());
     for (size_t i = 0; i < got.size(); ++i) {
       ASSERT_EQ(got[i], want_q[b][i]) << "block " << b << " byte " << i
-                                      << (static_cast<int64_t>(i) >= spec.ScalesOffsetBytes() ? " (scales)" : " (codes)");
+                                      << (static_cast<int64_t>(i) >= spec.ScalesOffsetBytes() ? " (scales)"
+                                                                                              : " (codes)");
     }
   }
   // Dequantize the GPU's own codes (identical to the CPU's, as just checked).
@@ -136,32 +140,32 @@ TEST_P(QuantizeCudaTest, MatchesTheCpuReferenceBitForBit) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Codecs, QuantizeCudaTest,
-    ::testing::Values(
-        // Vec8 kernels (group / 8 a power of two <= 32).
-        Case{FloatType::kFp16, QuantCodec::kInt8, BlockKind::kStandard, 128, 64, 0, false},
-        Case{FloatType::kFp16, QuantCodec::kFp8E4m3, BlockKind::kStandard, 128, 64, 0, true},
-        Case{FloatType::kBf16, QuantCodec::kInt8, BlockKind::kStandard, 128, 64, 0, false},
-        Case{FloatType::kBf16, QuantCodec::kFp8E4m3, BlockKind::kStandard, 128, 128, 0, false},
-        Case{FloatType::kBf16, QuantCodec::kFp8E4m3, BlockKind::kStandard, 64, 8, 0, false},
-        Case{FloatType::kFp16, QuantCodec::kInt8, BlockKind::kMla, 512, 256, 0, false},
-        Case{FloatType::kFp16, QuantCodec::kFp8E4m3, BlockKind::kMla, 576, 64, 0, false},
-        // Vec8 kernels on unaligned buffers (byte-wise fallback inside).
-        Case{FloatType::kFp16, QuantCodec::kFp8E4m3, BlockKind::kStandard, 128, 64, 2, false},
-        Case{FloatType::kBf16, QuantCodec::kInt8, BlockKind::kStandard, 128, 32, 5, true},
-        // Generic kernels: group not a power-of-two multiple of 8, or above 256.
-        Case{FloatType::kFp16, QuantCodec::kFp8E4m3, BlockKind::kStandard, 72, 24, 0, false},
-        Case{FloatType::kBf16, QuantCodec::kInt8, BlockKind::kStandard, 96, 3, 1, false},
-        Case{FloatType::kBf16, QuantCodec::kFp8E4m3, BlockKind::kMla, 576, 576, 0, true},
-        Case{FloatType::kFp16, QuantCodec::kInt8, BlockKind::kStandard, 80, 40, 0, false}),
-    [](const ::testing::TestParamInfo<Case>& info) {
-      const Case& c = info.param;
-      return std::string(c.float_type == FloatType::kFp16 ? "fp16" : "bf16") + "_" +
-             (c.codec == QuantCodec::kInt8 ? "int8" : "fp8") + "_" + (c.kind == BlockKind::kMla ? "mla" : "std") +
-             std::to_string(c.dim) + "_g" + std::to_string(c.group) + "_m" + std::to_string(c.misalign) +
-             (c.tables_on_device ? "_dev" : "_host");
-    });
+INSTANTIATE_TEST_SUITE_P(Codecs, QuantizeCudaTest,
+                         ::testing::Values(
+                             // Vec8 kernels (group / 8 a power of two <= 32).
+                             Case{FloatType::kFp16, QuantCodec::kInt8, BlockKind::kStandard, 128, 64, 0, false},
+                             Case{FloatType::kFp16, QuantCodec::kFp8E4m3, BlockKind::kStandard, 128, 64, 0, true},
+                             Case{FloatType::kBf16, QuantCodec::kInt8, BlockKind::kStandard, 128, 64, 0, false},
+                             Case{FloatType::kBf16, QuantCodec::kFp8E4m3, BlockKind::kStandard, 128, 128, 0, false},
+                             Case{FloatType::kBf16, QuantCodec::kFp8E4m3, BlockKind::kStandard, 64, 8, 0, false},
+                             Case{FloatType::kFp16, QuantCodec::kInt8, BlockKind::kMla, 512, 256, 0, false},
+                             Case{FloatType::kFp16, QuantCodec::kFp8E4m3, BlockKind::kMla, 576, 64, 0, false},
+                             // Vec8 kernels on unaligned buffers (byte-wise fallback inside).
+                             Case{FloatType::kFp16, QuantCodec::kFp8E4m3, BlockKind::kStandard, 128, 64, 2, false},
+                             Case{FloatType::kBf16, QuantCodec::kInt8, BlockKind::kStandard, 128, 32, 5, true},
+                             // Generic kernels: group not a power-of-two multiple of 8, or above 256.
+                             Case{FloatType::kFp16, QuantCodec::kFp8E4m3, BlockKind::kStandard, 72, 24, 0, false},
+                             Case{FloatType::kBf16, QuantCodec::kInt8, BlockKind::kStandard, 96, 3, 1, false},
+                             Case{FloatType::kBf16, QuantCodec::kFp8E4m3, BlockKind::kMla, 576, 576, 0, true},
+                             Case{FloatType::kFp16, QuantCodec::kInt8, BlockKind::kStandard, 80, 40, 0, false}),
+                         [](const ::testing::TestParamInfo<Case>& info) {
+                           const Case& c = info.param;
+                           return std::string(c.float_type == FloatType::kFp16 ? "fp16" : "bf16") + "_" +
+                                  (c.codec == QuantCodec::kInt8 ? "int8" : "fp8") + "_" +
+                                  (c.kind == BlockKind::kMla ? "mla" : "std") + std::to_string(c.dim) + "_g" +
+                                  std::to_string(c.group) + "_m" + std::to_string(c.misalign) +
+                                  (c.tables_on_device ? "_dev" : "_host");
+                         });
 #endif  // KVTIER_HAVE_CUDA
 
 }  // namespace

@@ -24,7 +24,7 @@ struct Case {
   FloatType float_type;
   QuantCodec codec;
   BlockKind kind;
-  int32_t dim;    // head_dim or latent_dim
+  int32_t dim;  // head_dim or latent_dim
   int32_t group;
 };
 
@@ -53,9 +53,8 @@ QuantSpec SpecOf(const Case& c) {
 std::string CaseName(const ::testing::TestParamInfo<Case>& info) {
   const Case& c = info.param;
   return std::string(c.float_type == FloatType::kFp16 ? "fp16" : "bf16") + "_" +
-         (c.codec == QuantCodec::kInt8 ? "int8" : "fp8") + "_" +
-         (c.kind == BlockKind::kMla ? "mla" : "std") + std::to_string(c.dim) + "_g" +
-         std::to_string(c.group);
+         (c.codec == QuantCodec::kInt8 ? "int8" : "fp8") + "_" + (c.kind == BlockKind::kMla ? "mla" : "std") +
+         std::to_string(c.dim) + "_g" + std::to_string(c.group);
 }
 
 class QuantizeTest : public ::testing::TestWithParam<Case> {};
@@ -71,11 +70,10 @@ TEST_P(QuantizeTest, RoundTripStaysWithinTheDocumentedBound) {
     quantized.emplace_back(spec.QuantizedBlockBytes(), 0xCD);
     out.emplace_back(spec.FloatBlockBytes(), 0xCD);
   }
-  KernelStatus s = QuantizeCpu(spec, testing::ConstPointers(in).data(), num_blocks,
-                               testing::Pointers<void>(quantized).data());
+  KernelStatus s =
+      QuantizeCpu(spec, testing::ConstPointers(in).data(), num_blocks, testing::Pointers<void>(quantized).data());
   ASSERT_TRUE(s.ok()) << s.message;
-  s = DequantizeCpu(spec, testing::ConstPointers(quantized).data(), num_blocks,
-                    testing::Pointers<void>(out).data());
+  s = DequantizeCpu(spec, testing::ConstPointers(quantized).data(), num_blocks, testing::Pointers<void>(out).data());
   ASSERT_TRUE(s.ok()) << s.message;
 
   const float qmax = spec.codec == QuantCodec::kInt8 ? 127.0f : 448.0f;
@@ -160,19 +158,18 @@ TEST_P(QuantizeTest, ExtremeValuesAreReconstructedExactlyWhereTheCodecAllows) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Codecs, QuantizeTest,
-    ::testing::Values(Case{FloatType::kFp16, QuantCodec::kInt8, BlockKind::kStandard, 128, 64},
-                      Case{FloatType::kFp16, QuantCodec::kFp8E4m3, BlockKind::kStandard, 128, 64},
-                      Case{FloatType::kBf16, QuantCodec::kInt8, BlockKind::kStandard, 128, 64},
-                      Case{FloatType::kBf16, QuantCodec::kFp8E4m3, BlockKind::kStandard, 128, 64},
-                      Case{FloatType::kFp16, QuantCodec::kInt8, BlockKind::kStandard, 128, 128},
-                      Case{FloatType::kBf16, QuantCodec::kFp8E4m3, BlockKind::kStandard, 64, 8},
-                      Case{FloatType::kFp16, QuantCodec::kFp8E4m3, BlockKind::kStandard, 72, 24},
-                      Case{FloatType::kBf16, QuantCodec::kInt8, BlockKind::kStandard, 96, 3},
-                      Case{FloatType::kFp16, QuantCodec::kFp8E4m3, BlockKind::kMla, 576, 64},
-                      Case{FloatType::kBf16, QuantCodec::kInt8, BlockKind::kMla, 576, 576}),
-    CaseName);
+INSTANTIATE_TEST_SUITE_P(Codecs, QuantizeTest,
+                         ::testing::Values(Case{FloatType::kFp16, QuantCodec::kInt8, BlockKind::kStandard, 128, 64},
+                                           Case{FloatType::kFp16, QuantCodec::kFp8E4m3, BlockKind::kStandard, 128, 64},
+                                           Case{FloatType::kBf16, QuantCodec::kInt8, BlockKind::kStandard, 128, 64},
+                                           Case{FloatType::kBf16, QuantCodec::kFp8E4m3, BlockKind::kStandard, 128, 64},
+                                           Case{FloatType::kFp16, QuantCodec::kInt8, BlockKind::kStandard, 128, 128},
+                                           Case{FloatType::kBf16, QuantCodec::kFp8E4m3, BlockKind::kStandard, 64, 8},
+                                           Case{FloatType::kFp16, QuantCodec::kFp8E4m3, BlockKind::kStandard, 72, 24},
+                                           Case{FloatType::kBf16, QuantCodec::kInt8, BlockKind::kStandard, 96, 3},
+                                           Case{FloatType::kFp16, QuantCodec::kFp8E4m3, BlockKind::kMla, 576, 64},
+                                           Case{FloatType::kBf16, QuantCodec::kInt8, BlockKind::kMla, 576, 576}),
+                         CaseName);
 
 TEST(QuantSpecTest, LayoutSizes) {
   const QuantSpec spec = SpecOf({FloatType::kBf16, QuantCodec::kFp8E4m3, BlockKind::kStandard, 128, 64});
@@ -188,8 +185,7 @@ TEST(QuantSpecTest, GroupNotDividingHeadDimIsRejected) {
   QuantSpec spec = SpecOf({FloatType::kFp16, QuantCodec::kInt8, BlockKind::kStandard, 128, 48});
   KernelStatus s = spec.Validate();
   EXPECT_EQ(s.code, kKernelInvalidArgument);
-  EXPECT_NE(s.message.find("quant_group_size 48 does not divide head_dim 128"), std::string::npos)
-      << s.message;
+  EXPECT_NE(s.message.find("quant_group_size 48 does not divide head_dim 128"), std::string::npos) << s.message;
   Bytes in(spec.FloatBlockBytes()), out(spec.QuantizedBlockBytes());
   const void* in_p = in.data();
   void* out_p = out.data();
@@ -256,8 +252,14 @@ TEST(QuantizeBoundTest, Fp8SmallValuesUnderflowWithinTheAbsoluteBound) {
   spec.block.num_layers = 1;
   spec.block.block_tokens = 1;
   spec.block.num_kv_heads = 1;
-  const float values[8] = {448.0f, std::ldexp(1.0f, -10), 1.5f * std::ldexp(1.0f, -10), -std::ldexp(1.0f, -6),
-                           1.0f + 1.0f / 16, 1.0f + 3.0f / 16, 300.0f, -0.0f};
+  const float values[8] = {448.0f,
+                           std::ldexp(1.0f, -10),
+                           1.5f * std::ldexp(1.0f, -10),
+                           -std::ldexp(1.0f, -6),
+                           1.0f + 1.0f / 16,
+                           1.0f + 3.0f / 16,
+                           300.0f,
+                           -0.0f};
   const float want[8] = {448.0f, 0.0f, std::ldexp(1.0f, -9), -std::ldexp(1.0f, -6), 1.0f, 1.25f, 288.0f, -0.0f};
   Bytes in(spec.FloatBlockBytes(), 0);  // K: the values below; V: zeros
   ASSERT_EQ(in.size(), 32u);

@@ -91,7 +91,8 @@ TEST_F(NcclChannelTest, GroupedTransferDeliversEveryBufferInOrder) {
     recv.push_back({dst[i].data(), dst[i].size()});
   }
   absl::Status received;
-  std::thread peer([&] { received = b_->Transfer(TransferKind::kRecv, recv, 0, nullptr, clock_.Now() + absl::Hours(1)); });
+  std::thread peer(
+      [&] { received = b_->Transfer(TransferKind::kRecv, recv, 0, nullptr, clock_.Now() + absl::Hours(1)); });
   EXPECT_OK(a_->Transfer(TransferKind::kSend, send, 1, nullptr, clock_.Now() + absl::Hours(1)));
   peer.join();
   EXPECT_OK(received);
@@ -99,7 +100,8 @@ TEST_F(NcclChannelTest, GroupedTransferDeliversEveryBufferInOrder) {
   EXPECT_EQ(a_->state(), ChannelState::kReady);
   EXPECT_EQ(api_.group_transfers.load(), 2);  // one group per side, not one call per buffer
   // The channel is reused: a second transfer on the same communicator.
-  std::thread peer2([&] { received = b_->Transfer(TransferKind::kRecv, recv, 0, nullptr, clock_.Now() + absl::Hours(1)); });
+  std::thread peer2(
+      [&] { received = b_->Transfer(TransferKind::kRecv, recv, 0, nullptr, clock_.Now() + absl::Hours(1)); });
   EXPECT_OK(a_->Transfer(TransferKind::kSend, send, 1, nullptr, clock_.Now() + absl::Hours(1)));
   peer2.join();
   EXPECT_OK(received);

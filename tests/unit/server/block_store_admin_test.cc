@@ -98,7 +98,7 @@ TEST_F(BlockStoreAdminTest, EvictByTenantSkipsLeasedBlocks) {
   EXPECT_TRUE(store_->Inspect(Key(1)).has_value());
   EXPECT_FALSE(store_->Inspect(Key(3)).has_value());
   EXPECT_TRUE(store_->Inspect(Key(0)).has_value());  // tenant b untouched
-  EXPECT_FALSE(store_->EvictKey(Key(1)));             // still leased
+  EXPECT_FALSE(store_->EvictKey(Key(1)));            // still leased
   store_->Release(std::span<const uint64_t>(&lease.lease_id, 1));
   EXPECT_TRUE(store_->EvictKey(Key(1)));
 }

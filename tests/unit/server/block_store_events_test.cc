@@ -66,8 +66,10 @@ class RecordingSink final : public BlockEventSink {
 class BlockStoreEventsTest : public ::testing::Test {
  protected:
   void MakeStore(uint64_t capacity_blocks, const std::string& disk_path = "", uint64_t disk_blocks = 0) {
-    auto s = BlockStore::Create({.capacity_bytes = capacity_blocks * kBlock, .slab_bytes = 16 * kBlock,
-                                 .disk_path = disk_path, .disk_capacity_bytes = disk_blocks * kBlock});
+    auto s = BlockStore::Create({.capacity_bytes = capacity_blocks * kBlock,
+                                 .slab_bytes = 16 * kBlock,
+                                 .disk_path = disk_path,
+                                 .disk_capacity_bytes = disk_blocks * kBlock});
     ASSERT_OK(s);
     store_ = std::move(s).value();
   }

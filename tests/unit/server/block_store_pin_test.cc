@@ -32,9 +32,12 @@ class BlockStorePinTest : public ::testing::Test {
  protected:
   void SetUp() override {
     // Room for exactly two blocks, so a freed slot is reused by the next allocation.
-    auto s = BlockStore::Create({.capacity_bytes = 2 * kBlock, .slab_bytes = 2 * kBlock,
-                                 .default_lease_ttl = absl::Seconds(1), .max_lease_ttl = absl::Seconds(6),
-                                 .reservation_ttl = absl::Seconds(3), .clock = &clock_});
+    auto s = BlockStore::Create({.capacity_bytes = 2 * kBlock,
+                                 .slab_bytes = 2 * kBlock,
+                                 .default_lease_ttl = absl::Seconds(1),
+                                 .max_lease_ttl = absl::Seconds(6),
+                                 .reservation_ttl = absl::Seconds(3),
+                                 .clock = &clock_});
     ASSERT_OK(s);
     store_ = std::move(s).value();
   }
@@ -90,7 +93,7 @@ TEST_F(BlockStorePinTest, LeaseExpiringDuringASendKeepsTheSlotUntilUnpin) {
   ASSERT_EQ(PutByReceive(3, 7), CommitOutcome::kCommitted);
   EXPECT_EQ(std::memcmp(pinned->data, Payload(5).data(), kBlock), 0) << "the pinned slot was reused";
   EXPECT_FALSE(store_->PinForSend(lease.lease_id, 0).ok());  // no new transfer on an expired lease
-  store_->Unpin(lease.lease_id, 0);                         // ends the lease
+  store_->Unpin(lease.lease_id, 0);                          // ends the lease
   EXPECT_EQ(store_->stats().active_leases.load(), 0u);
   EXPECT_EQ(PutByReceive(4, 8), CommitOutcome::kCommitted);  // block 1 is evictable again
 }

@@ -28,7 +28,9 @@ std::vector<std::byte> Payload(uint32_t seed, uint64_t size = kBlock) {
   std::vector<std::byte> b(size);
   uint64_t x = seed * 0x9e3779b97f4a7c15ULL + 1;
   for (auto& c : b) {
-    x ^= x << 13; x ^= x >> 7; x ^= x << 17;
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
     c = static_cast<std::byte>(x);
   }
   return b;
@@ -285,8 +287,8 @@ TEST_F(BlockStoreTest, MixedBlockSizesShareTheCapacity) {
   NamespaceRef half = ns_;
   half.id = 20;
   half.block_bytes = kBlock / 2;
-  for (uint32_t n = 0; n < 40; ++n) Put(n, ns_, n);        // fills both slabs, evicting
-  for (uint32_t n = 100; n < 110; ++n) Put(n, half, n);     // must reclaim a slab from the other class
+  for (uint32_t n = 0; n < 40; ++n) Put(n, ns_, n);      // fills both slabs, evicting
+  for (uint32_t n = 100; n < 110; ++n) Put(n, half, n);  // must reclaim a slab from the other class
   EXPECT_TRUE(Present(109, half));
   EXPECT_LE(store_->used_bytes(), store_->capacity_bytes());
 }
@@ -314,7 +316,8 @@ TEST_F(BlockStoreTest, CapacityHoldsUnderThreeTimesOverfillWithConcurrentLeasedR
       }
       const uint64_t used = store_->used_bytes();
       uint64_t prev = max_used.load();
-      while (used > prev && !max_used.compare_exchange_weak(prev, used)) {}
+      while (used > prev && !max_used.compare_exchange_weak(prev, used)) {
+      }
     }
   };
   std::thread r1(reader, 0), r2(reader, 77);

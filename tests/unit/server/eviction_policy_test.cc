@@ -40,7 +40,7 @@ TEST(LruPolicyTest, ReusedHandleIsTrackedAfresh) {
   auto lru = NewLruPolicy();
   for (EntryHandle h = 0; h < 3; ++h) lru->OnInsert(h, {});
   lru->OnErase(0);
-  lru->OnErase(0);  // erasing twice is harmless
+  lru->OnErase(0);       // erasing twice is harmless
   lru->OnInsert(0, {});  // handle 0 now names a new, most recent block
   EXPECT_EQ(lru->PickVictim([](EntryHandle) { return true; }), 1u);
 }

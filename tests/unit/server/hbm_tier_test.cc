@@ -47,9 +47,8 @@ class HbmTierTest : public ::testing::Test {
     o.hbm_memory = hbm_;
     o.hbm_promote_on_hit = promote;
     if (disk_blocks > 0) {
-      dir_ = std::filesystem::temp_directory_path() /
-             ("kvtier-hbm-" + std::to_string(getpid()) + "-" +
-              ::testing::UnitTest::GetInstance()->current_test_info()->name());
+      dir_ = std::filesystem::temp_directory_path() / ("kvtier-hbm-" + std::to_string(getpid()) + "-" +
+                                                       ::testing::UnitTest::GetInstance()->current_test_info()->name());
       std::filesystem::remove_all(dir_);
       o.disk_path = dir_.string();
       o.disk_capacity_bytes = disk_blocks * kBlock;
@@ -174,9 +173,9 @@ TEST_F(HbmTierTest, DemotionCascadesHbmToHostToDisk) {
   // A block read from disk passes through host memory on its way up, so host may be left with a free
   // slot; nothing is lost: every block is in exactly one tier.
   EXPECT_LE(store_->stats().stored_blocks.load(), 2u);
-  EXPECT_EQ(store_->stats().hbm_blocks.load() + store_->stats().stored_blocks.load() +
-                store_->stats().disk_blocks.load(),
-            6u);
+  EXPECT_EQ(
+      store_->stats().hbm_blocks.load() + store_->stats().stored_blocks.load() + store_->stats().disk_blocks.load(),
+      6u);
   EXPECT_GT(store_->stats().hbm_demotions.load(), 0u);
   EXPECT_GT(store_->stats().demotions.load(), 4u);
   for (uint32_t n = 0; n < 6; ++n) {
@@ -196,7 +195,7 @@ TEST_F(HbmTierTest, CorruptBytesInHbmAreNeverServed) {
   ASSERT_OK(store_->CorruptBlockForTest(Key(0), 17));
   EXPECT_TRUE(Read(0).empty());  // caught when copied out for the lease: a miss, not bad bytes
   EXPECT_EQ(store_->stats().checksum_failures.load(), 1u);
-  EXPECT_FALSE(Present(0));      // and dropped
+  EXPECT_FALSE(Present(0));  // and dropped
   EXPECT_EQ(store_->stats().hbm_blocks.load(), 0u);
   EXPECT_EQ(Read(1), Payload(1));
 }

@@ -79,8 +79,9 @@ TEST(ServerConfigTest, SizesThatCannotWorkAreRefused) {
   // 1-byte slabs of 1 GiB: a billion slab records.
   ExpectErrorNames("server: {node_id: a}\nhost_tier: {slab_bytes: 1}\nlimits: {max_block_bytes: 1}\n",
                    "host_tier.slab_bytes");
-  auto o = ParseServerConfig("server: {node_id: a}\nhost_tier: {capacity_bytes: 1TiB, slab_bytes: 1MiB}\n"
-                             "limits: {max_block_bytes: 1MiB}\n");
+  auto o = ParseServerConfig(
+      "server: {node_id: a}\nhost_tier: {capacity_bytes: 1TiB, slab_bytes: 1MiB}\n"
+      "limits: {max_block_bytes: 1MiB}\n");
   ASSERT_OK(o);
   EXPECT_OK(o->Validate());  // 2^20 slabs: the most allowed
 }
@@ -106,8 +107,7 @@ TEST(ServerConfigTest, ASectionOrKeyGivenTwiceIsRefused) {
 }
 
 TEST(ServerConfigTest, UcxTransportsMustIncludeTheTcpListener) {
-  ExpectErrorNames("server: {node_id: a}\nucx: {listen_address: \"127.0.0.1:0\", transports: shm}\n",
-                   "ucx.transports");
+  ExpectErrorNames("server: {node_id: a}\nucx: {listen_address: \"127.0.0.1:0\", transports: shm}\n", "ucx.transports");
   auto o = ParseServerConfig("server: {node_id: a}\nucx: {listen_address: \"127.0.0.1:0\", transports: \"tcp,shm\"}\n");
   ASSERT_OK(o);
   EXPECT_OK(o->Validate());

@@ -75,7 +75,8 @@ TEST(SlabAllocatorTest, RefusesBlocksLargerThanASlabAndBadOptions) {
   EXPECT_FALSE((*a)->Allocate((1ULL << 20) + 1).has_value());
   EXPECT_FALSE((*a)->Allocate(0).has_value());
   EXPECT_FALSE(SlabAllocator::Create({.capacity_bytes = 0}).ok());
-  EXPECT_FALSE(SlabAllocator::Create({.capacity_bytes = 1 << 20, .slab_bytes = 1 << 20, .slot_alignment_bytes = 48}).ok());
+  EXPECT_FALSE(
+      SlabAllocator::Create({.capacity_bytes = 1 << 20, .slab_bytes = 1 << 20, .slot_alignment_bytes = 48}).ok());
 }
 
 TEST(SlabAllocatorTest, RefusesCapacitiesAndSlabCountsItCannotHold) {
@@ -114,7 +115,7 @@ TEST(SlabAllocatorEvacuationTest, CandidateIsTheEmptiestSlabWhoseSlotsFitElsewhe
   ASSERT_OK(a);
   std::vector<SlotRef> slots;
   for (int i = 0; i < 12; ++i) slots.push_back(*(*a)->Allocate(256 << 10));  // 3 full slabs of 4
-  EXPECT_FALSE((*a)->EvacuationCandidate(256 << 10).has_value());           // nowhere to move to
+  EXPECT_FALSE((*a)->EvacuationCandidate(256 << 10).has_value());            // nowhere to move to
   (*a)->Free(slots[0]);
   (*a)->Free(slots[1]);
   (*a)->Free(slots[4]);  // slab 0: 2 used, slab 1: 3 used, slab 2: 4 used; free elsewhere: 1

@@ -37,8 +37,8 @@ std::vector<std::byte> Payload(uint32_t seed, uint64_t size = kBlock) {
 class TieredStoreTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = std::filesystem::temp_directory_path() /
-           ("kvtier-tier-" + std::to_string(getpid()) + "-" + ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    dir_ = std::filesystem::temp_directory_path() / ("kvtier-tier-" + std::to_string(getpid()) + "-" +
+                                                     ::testing::UnitTest::GetInstance()->current_test_info()->name());
     std::filesystem::remove_all(dir_);
   }
   void TearDown() override {
@@ -48,8 +48,10 @@ class TieredStoreTest : public ::testing::Test {
 
   void Open(uint64_t host_blocks, uint64_t disk_blocks, bool promote = true) {
     store_.reset();
-    auto s = BlockStore::Create({.capacity_bytes = host_blocks * kBlock, .slab_bytes = 4 * kBlock,
-                                 .disk_path = dir_.string(), .disk_capacity_bytes = disk_blocks * kBlock,
+    auto s = BlockStore::Create({.capacity_bytes = host_blocks * kBlock,
+                                 .slab_bytes = 4 * kBlock,
+                                 .disk_path = dir_.string(),
+                                 .disk_capacity_bytes = disk_blocks * kBlock,
                                  .promote_on_hit = promote});
     ASSERT_OK(s);
     store_ = std::move(s).value();
@@ -97,12 +99,12 @@ TEST_F(TieredStoreTest, HostEvictionDemotesToDiskAndAHitPromotesBack) {
   EXPECT_EQ(store_->stats().stored_blocks.load(), 4u);
   EXPECT_EQ(store_->stats().disk_blocks.load(), 6u);
   EXPECT_EQ(store_->stats().demotions.load(), 6u);
-  EXPECT_EQ(store_->TierOfForTest(Key(0)), Tier::kDisk);   // the oldest went down
+  EXPECT_EQ(store_->TierOfForTest(Key(0)), Tier::kDisk);  // the oldest went down
   EXPECT_EQ(store_->TierOfForTest(Key(9)), Tier::kHost);
   EXPECT_EQ(Read(0), Payload(0));
-  EXPECT_EQ(store_->TierOfForTest(Key(0)), Tier::kHost);   // promoted by the hit
+  EXPECT_EQ(store_->TierOfForTest(Key(0)), Tier::kHost);  // promoted by the hit
   EXPECT_EQ(store_->stats().promotions.load(), 1u);
-  EXPECT_EQ(store_->stats().disk_blocks.load(), 6u);       // one up, one (the host LRU) down
+  EXPECT_EQ(store_->stats().disk_blocks.load(), 6u);  // one up, one (the host LRU) down
   EXPECT_LE(store_->used_bytes(), 4 * kBlock);
 }
 
@@ -195,7 +197,9 @@ const bool kIsDiskWriter = [] {
   if (!disk.ok()) _exit(3);
   for (uint32_t n = 0;; ++n) {
     auto bytes = Payload(n, 256 << 10);
-    const DiskBlockMeta meta{.namespace_id = 1, .tenant_id = 2, .size_bytes = bytes.size(),
+    const DiskBlockMeta meta{.namespace_id = 1,
+                             .tenant_id = 2,
+                             .size_bytes = bytes.size(),
                              .checksum = BlockChecksum(bytes.data(), bytes.size())};
     if (!(*disk)->Put(Key(n), meta, bytes).ok()) _exit(4);
   }

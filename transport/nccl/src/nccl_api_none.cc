@@ -3,9 +3,7 @@
 
 namespace kvtier::nccl {
 
-absl::StatusOr<std::unique_ptr<NcclApi>> CreateNcclApi() {
-  return absl::FailedPreconditionError("built without NCCL");
-}
+absl::StatusOr<std::unique_ptr<NcclApi>> CreateNcclApi() { return absl::FailedPreconditionError("built without NCCL"); }
 
 bool NcclBuilt() { return false; }
 

@@ -6,11 +6,16 @@ namespace kvtier::nccl {
 
 const char* ChannelStateName(ChannelState s) {
   switch (s) {
-    case ChannelState::kIdle: return "idle";
-    case ChannelState::kInitializing: return "initializing";
-    case ChannelState::kReady: return "ready";
-    case ChannelState::kAborted: return "aborted";
-    case ChannelState::kClosed: return "closed";
+    case ChannelState::kIdle:
+      return "idle";
+    case ChannelState::kInitializing:
+      return "initializing";
+    case ChannelState::kReady:
+      return "ready";
+    case ChannelState::kAborted:
+      return "aborted";
+    case ChannelState::kClosed:
+      return "closed";
   }
   return "unknown";
 }
@@ -44,8 +49,8 @@ absl::Status NcclChannel::WaitReady(absl::Time deadline) {
 absl::Status NcclChannel::WaitReadyLocked(absl::Time deadline) {
   if (state_ == ChannelState::kReady) return absl::OkStatus();
   if (state_ != ChannelState::kInitializing) {
-    return absl::FailedPreconditionError(absl::StrCat("channel is ", ChannelStateName(state_),
-                                                      abort_reason_.empty() ? "" : ": ", abort_reason_));
+    return absl::FailedPreconditionError(
+        absl::StrCat("channel is ", ChannelStateName(state_), abort_reason_.empty() ? "" : ": ", abort_reason_));
   }
   while (true) {
     absl::StatusOr<bool> ready = api_.Poll(comm_);
@@ -94,9 +99,9 @@ absl::Status NcclChannel::Transfer(TransferKind kind, std::span<const DeviceSpan
     }
     if (cancelled_.load()) return AbortLocked(absl::AbortedError(absl::StrCat(what, " cancelled")));
     if (options_.clock->Now() >= deadline) {
-      return AbortLocked(absl::DeadlineExceededError(
-          absl::StrCat(what, " of ", buffers.size(), " blocks to/from rank ", peer,
-                       " not complete by the deadline (peer dead or not posting?)")));
+      return AbortLocked(
+          absl::DeadlineExceededError(absl::StrCat(what, " of ", buffers.size(), " blocks to/from rank ", peer,
+                                                   " not complete by the deadline (peer dead or not posting?)")));
     }
     options_.sleep(options_.poll_interval);
   }

@@ -23,7 +23,8 @@ absl::Status NcclServiceOptions::Validate() const {
   if (lease_ttl <= transfer_timeout) return absl::InvalidArgumentError("lease_ttl: must exceed transfer_timeout");
   if (max_workers == 0) return absl::InvalidArgumentError("max_workers: must be > 0");
   if (max_blocks_per_fetch == 0) return absl::InvalidArgumentError("max_blocks_per_fetch: must be > 0");
-  if (channel.clock == nullptr || !channel.sleep) return absl::InvalidArgumentError("channel: clock and sleep are required");
+  if (channel.clock == nullptr || !channel.sleep)
+    return absl::InvalidArgumentError("channel: clock and sleep are required");
   return absl::OkStatus();
 }
 
@@ -101,9 +102,9 @@ class NcclService::Impl final : public v1::NcclService::Service {
           sessions_.erase(it);
         }
       } else if (sessions_.size() >= options_.max_workers) {
-        return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
-                            absl::StrCat(sessions_.size(), " workers have communicators, max_workers is ",
-                                         options_.max_workers));
+        return grpc::Status(
+            grpc::StatusCode::RESOURCE_EXHAUSTED,
+            absl::StrCat(sessions_.size(), " workers have communicators, max_workers is ", options_.max_workers));
       }
       if (reply == nullptr) {
         absl::StatusOr<std::shared_ptr<Session>> s = NewSession(req->worker_id(), next_generation);
@@ -271,7 +272,7 @@ class NcclService::Impl final : public v1::NcclService::Service {
 };
 
 absl::StatusOr<std::unique_ptr<NcclService>> NcclService::Create(NcclApi& api, DeviceBlockSource& source,
-                                                                  const NcclServiceOptions& options) {
+                                                                 const NcclServiceOptions& options) {
   KVTIER_RETURN_IF_ERROR(options.Validate());
   return std::unique_ptr<NcclService>(new NcclService(std::make_unique<Impl>(api, source, options)));
 }

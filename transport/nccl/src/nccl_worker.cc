@@ -22,15 +22,19 @@ absl::Status NcclWorkerOptions::Validate() const {
   if (rpc_timeout <= absl::ZeroDuration()) return absl::InvalidArgumentError("rpc_timeout: must be > 0");
   if (init_timeout <= absl::ZeroDuration()) return absl::InvalidArgumentError("init_timeout: must be > 0");
   if (transfer_timeout <= absl::ZeroDuration()) return absl::InvalidArgumentError("transfer_timeout: must be > 0");
-  if (channel.clock == nullptr || !channel.sleep) return absl::InvalidArgumentError("channel: clock and sleep are required");
+  if (channel.clock == nullptr || !channel.sleep)
+    return absl::InvalidArgumentError("channel: clock and sleep are required");
   return absl::OkStatus();
 }
 
 const char* NcclFetchResultName(NcclFetchResult r) {
   switch (r) {
-    case NcclFetchResult::kHit: return "hit";
-    case NcclFetchResult::kMiss: return "miss";
-    case NcclFetchResult::kError: return "error";
+    case NcclFetchResult::kHit:
+      return "hit";
+    case NcclFetchResult::kMiss:
+      return "miss";
+    case NcclFetchResult::kError:
+      return "error";
   }
   return "unknown";
 }
@@ -44,8 +48,9 @@ class NcclWorker::Impl {
   Impl(NcclApi& api, const NcclWorkerOptions& options)
       : api_(api),
         options_(options),
-        stub_(v1::NcclService::NewStub(grpc::CreateCustomChannel(
-            options.server_address, grpc::InsecureChannelCredentials(), wire::ChannelArgs(options.max_message_bytes)))) {}
+        stub_(v1::NcclService::NewStub(grpc::CreateCustomChannel(options.server_address,
+                                                                 grpc::InsecureChannelCredentials(),
+                                                                 wire::ChannelArgs(options.max_message_bytes)))) {}
 
   absl::StatusOr<std::vector<NcclFetchResult>> Fetch(const Namespace& ns, std::span<const BlockKey> keys,
                                                      std::span<const DeviceSpan> buffers, void* stream) {
@@ -144,8 +149,7 @@ class NcclWorker::Impl {
     std::memcpy(id.bytes.data(), resp.unique_id().data(), NcclUniqueId::kBytes);
     generation_ = resp.generation();
     channel_ = std::make_unique<NcclChannel>(api_, options_.channel);
-    if (!channel_->StartInit(id, static_cast<int>(resp.nranks()), static_cast<int>(resp.worker_rank()),
-                             options_.device)
+    if (!channel_->StartInit(id, static_cast<int>(resp.nranks()), static_cast<int>(resp.worker_rank()), options_.device)
              .ok() ||
         !channel_->WaitReady(options_.channel.clock->Now() + options_.init_timeout).ok()) {
       stats_.aborts.fetch_add(1, std::memory_order_relaxed);

@@ -101,17 +101,17 @@ typedef enum kvtier_codec { KVTIER_CODEC_NONE = 0, KVTIER_CODEC_FP8_E4M3 = 1, KV
  * (1-byte elements plus fp32 scales for a quantized codec); the MLA kind is
  *   [num_layers][block_tokens][latent_dim]. kvtier_namespace_block_bytes() gives the byte count. */
 typedef struct kvtier_kv_layout {
-  uint32_t struct_size;       /* set by kvtier_kv_layout_init() */
-  kvtier_layout_kind kind;    /* Default: KVTIER_LAYOUT_STANDARD */
-  kvtier_dtype dtype;         /* Default: KVTIER_DTYPE_BF16 */
-  kvtier_codec codec;         /* Default: KVTIER_CODEC_NONE */
-  uint32_t num_layers;        /* required, > 0 */
-  uint32_t num_kv_heads;      /* standard kind: KV heads of the whole model, divisible by tp_size */
-  uint32_t head_dim;          /* standard kind: elements per head */
-  uint32_t latent_dim;        /* MLA kind: elements per token and layer */
-  uint32_t block_tokens;      /* tokens per block; Default: 16 */
-  uint32_t tp_size;           /* tensor-parallel degree = shards per block; Default: 1 */
-  uint32_t quant_group_size;  /* values per fp32 scale when codec != NONE; Default: 64 */
+  uint32_t struct_size;      /* set by kvtier_kv_layout_init() */
+  kvtier_layout_kind kind;   /* Default: KVTIER_LAYOUT_STANDARD */
+  kvtier_dtype dtype;        /* Default: KVTIER_DTYPE_BF16 */
+  kvtier_codec codec;        /* Default: KVTIER_CODEC_NONE */
+  uint32_t num_layers;       /* required, > 0 */
+  uint32_t num_kv_heads;     /* standard kind: KV heads of the whole model, divisible by tp_size */
+  uint32_t head_dim;         /* standard kind: elements per head */
+  uint32_t latent_dim;       /* MLA kind: elements per token and layer */
+  uint32_t block_tokens;     /* tokens per block; Default: 16 */
+  uint32_t tp_size;          /* tensor-parallel degree = shards per block; Default: 1 */
+  uint32_t quant_group_size; /* values per fp32 scale when codec != NONE; Default: 64 */
 } kvtier_kv_layout_t;
 
 /* Sets struct_size and the defaults above (num_layers, num_kv_heads, head_dim, latent_dim = 0). */
@@ -144,19 +144,19 @@ KVTIER_API uint64_t kvtier_namespace_id(const kvtier_namespace_t* ns);
 /* A multimodal input whose embedding occupies prompt positions [offset_tokens, offset_tokens +
  * length_tokens); every block overlapping it carries content_hash. */
 typedef struct kvtier_multimodal_input {
-  const void* content_hash;  /* 1..255 bytes identifying the content (e.g. a SHA-256) */
+  const void* content_hash; /* 1..255 bytes identifying the content (e.g. a SHA-256) */
   size_t content_hash_bytes;
   uint32_t offset_tokens;
-  uint32_t length_tokens;    /* > 0 */
+  uint32_t length_tokens; /* > 0 */
 } kvtier_multimodal_input_t;
 
 /* Keys beyond the tokens that change a request's KV. Zero-initialize, then set what applies. */
 typedef struct kvtier_extra_keys {
-  const char* lora_adapter_id;  /* NULL: no LoRA adapter; else 1..255 bytes, hashed into every block */
-  uint64_t lora_version;        /* bump when the adapter's weights change */
-  const void* cache_salt;       /* NULL: none; else cache_salt_bytes bytes, hashed into block 0 only */
+  const char* lora_adapter_id; /* NULL: no LoRA adapter; else 1..255 bytes, hashed into every block */
+  uint64_t lora_version;       /* bump when the adapter's weights change */
+  const void* cache_salt;      /* NULL: none; else cache_salt_bytes bytes, hashed into block 0 only */
   size_t cache_salt_bytes;
-  const kvtier_multimodal_input_t* multimodal;  /* num_multimodal entries; may be NULL when 0 */
+  const kvtier_multimodal_input_t* multimodal; /* num_multimodal entries; may be NULL when 0 */
   size_t num_multimodal;
 } kvtier_extra_keys_t;
 
@@ -174,8 +174,8 @@ KVTIER_API kvtier_status_code kvtier_fingerprint_tokens(const kvtier_namespace_t
 /* Client                                                                                           */
 
 typedef struct kvtier_client_options {
-  uint32_t struct_size;            /* set by kvtier_client_options_init() */
-  const char* const* members;      /* required: "host:port" or "node_id=host:port", num_members of them */
+  uint32_t struct_size;       /* set by kvtier_client_options_init() */
+  const char* const* members; /* required: "host:port" or "node_id=host:port", num_members of them */
   size_t num_members;
   uint32_t rpc_timeout_ms;         /* deadline of every RPC; a slower owner is a miss. Default: 2000 */
   uint32_t connect_timeout_ms;     /* deadline of the node-id query at connect. Default: 5000 */
@@ -194,8 +194,8 @@ typedef struct kvtier_client kvtier_client_t;
 /* Connects to the members and learns their node ids. Members that neither give an id nor answer within
  * connect_timeout_ms stay out of the ring. Errors: INVALID_ARGUMENT (bad options), UNAVAILABLE (no
  * member could be placed on the ring). */
-KVTIER_API kvtier_status_code kvtier_client_connect(const kvtier_client_options_t* options,
-                                                    kvtier_client_t** out, kvtier_error_t* error);
+KVTIER_API kvtier_status_code kvtier_client_connect(const kvtier_client_options_t* options, kvtier_client_t** out,
+                                                    kvtier_error_t* error);
 /* Closes the channels and frees the client. Calls in flight on other threads must have returned. */
 KVTIER_API void kvtier_client_close(kvtier_client_t* client);
 
@@ -211,19 +211,19 @@ KVTIER_API kvtier_status_code kvtier_lookup_prefix(kvtier_client_t* client, cons
 
 /* Outcome of one block of a get. */
 typedef enum kvtier_get_result {
-  KVTIER_GET_HIT = 0,                /* the bytes arrived and matched their checksum */
-  KVTIER_GET_MISS = 1,               /* the owner does not hold the block */
-  KVTIER_GET_MISS_FROM_ERROR = 2,    /* the owner failed, timed out or was unreachable (counted) */
-  KVTIER_GET_CHECKSUM_MISMATCH = 3   /* bytes arrived corrupted: discarded, counted */
+  KVTIER_GET_HIT = 0,              /* the bytes arrived and matched their checksum */
+  KVTIER_GET_MISS = 1,             /* the owner does not hold the block */
+  KVTIER_GET_MISS_FROM_ERROR = 2,  /* the owner failed, timed out or was unreachable (counted) */
+  KVTIER_GET_CHECKSUM_MISMATCH = 3 /* bytes arrived corrupted: discarded, counted */
 } kvtier_get_result;
 
 /* Outcome of one block of a put. */
 typedef enum kvtier_put_result {
-  KVTIER_PUT_STORED = 0,           /* committed by this call */
-  KVTIER_PUT_ALREADY_PRESENT = 1,  /* the owner had it (its recency was refreshed) */
-  KVTIER_PUT_IN_PROGRESS = 2,      /* another writer is storing it now */
-  KVTIER_PUT_NO_SPACE = 3,         /* the owner had nothing evictable */
-  KVTIER_PUT_ERROR = 4             /* the owner failed, timed out or was unreachable (counted) */
+  KVTIER_PUT_STORED = 0,          /* committed by this call */
+  KVTIER_PUT_ALREADY_PRESENT = 1, /* the owner had it (its recency was refreshed) */
+  KVTIER_PUT_IN_PROGRESS = 2,     /* another writer is storing it now */
+  KVTIER_PUT_NO_SPACE = 3,        /* the owner had nothing evictable */
+  KVTIER_PUT_ERROR = 4            /* the owner failed, timed out or was unreachable (counted) */
 } kvtier_put_result;
 
 /* Fetches TP shard `shard` of each of num_blocks blocks into buffers[i] (host memory, each exactly
@@ -232,9 +232,8 @@ typedef enum kvtier_put_result {
  * receives the number of hits. Errors: INVALID_ARGUMENT (wrong buffer_bytes, shard >= tp_size, NULLs). */
 KVTIER_API kvtier_status_code kvtier_get(kvtier_client_t* client, const kvtier_namespace_t* ns,
                                          const uint8_t* fingerprints, size_t num_blocks, uint32_t shard,
-                                         void* const* buffers, uint64_t buffer_bytes,
-                                         kvtier_get_result* out_results, uint32_t* out_hits,
-                                         kvtier_error_t* error);
+                                         void* const* buffers, uint64_t buffer_bytes, kvtier_get_result* out_results,
+                                         uint32_t* out_hits, kvtier_error_t* error);
 
 /* Stores TP shard `shard` of each of num_blocks blocks from blocks[i] (each exactly `block_bytes` =
  * kvtier_namespace_block_bytes(ns) long). `first_block_index` is the index of fingerprints[0] in its
@@ -242,13 +241,12 @@ KVTIER_API kvtier_status_code kvtier_get(kvtier_client_t* client, const kvtier_n
  * `out_results` (num_blocks entries) may be NULL. Errors: INVALID_ARGUMENT. */
 KVTIER_API kvtier_status_code kvtier_put(kvtier_client_t* client, const kvtier_namespace_t* ns,
                                          const uint8_t* fingerprints, size_t num_blocks, uint32_t shard,
-                                         const void* const* blocks, uint64_t block_bytes,
-                                         uint32_t first_block_index, kvtier_put_result* out_results,
-                                         kvtier_error_t* error);
+                                         const void* const* blocks, uint64_t block_bytes, uint32_t first_block_index,
+                                         kvtier_put_result* out_results, kvtier_error_t* error);
 
 /* Monotonic counters of one client (DESIGN.md §5 hit accounting; each block counted once per call). */
 typedef struct kvtier_client_stats {
-  uint32_t struct_size;  /* the caller sets sizeof(kvtier_client_stats_t) */
+  uint32_t struct_size; /* the caller sets sizeof(kvtier_client_stats_t) */
   uint64_t lookups;
   uint64_t lookup_blocks;
   uint64_t prefix_hit_blocks;
@@ -272,7 +270,7 @@ KVTIER_API kvtier_status_code kvtier_client_stats(const kvtier_client_t* client,
                                                   kvtier_error_t* error);
 
 #ifdef __cplusplus
-}  /* extern "C" */
+} /* extern "C" */
 #endif
 
-#endif  /* KVTIER_KVTIER_H_ */
+#endif /* KVTIER_KVTIER_H_ */

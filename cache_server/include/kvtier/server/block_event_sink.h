@@ -15,8 +15,8 @@ struct EventBlockInfo {
   BlockKey key;
   uint64_t namespace_id = 0;
   uint64_t tenant_id = 0;
-  Tier tier{};              // the tier holding it (for a removal: the tier it left from)
-  uint32_t depth = 0;       // index in its prompt's chain, as the writer reported it
+  Tier tier{};         // the tier holding it (for a removal: the tier it left from)
+  uint32_t depth = 0;  // index in its prompt's chain, as the writer reported it
   uint64_t size_bytes = 0;
 };
 

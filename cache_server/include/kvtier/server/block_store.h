@@ -3,8 +3,8 @@
 #define KVTIER_SERVER_BLOCK_STORE_H_
 
 #include <atomic>
-#include <functional>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -29,19 +29,19 @@ namespace kvtier::server {
 class DiskTier;  // src/storage/disk_tier.h
 
 struct BlockStoreOptions {
-  uint64_t capacity_bytes = 1ULL << 30;      // Default: 1 GiB of host memory for blocks.
-  uint64_t slab_bytes = 64ULL << 20;         // Default: 64 MiB; also the largest block accepted.
-  std::string eviction_policy = "lru";       // See NewEvictionPolicy() and EvictionPolicyNames().
-  double frequency_weight = 0.3;             // "weighted" policy only (EvictionPolicyOptions)
+  uint64_t capacity_bytes = 1ULL << 30;  // Default: 1 GiB of host memory for blocks.
+  uint64_t slab_bytes = 64ULL << 20;     // Default: 64 MiB; also the largest block accepted.
+  std::string eviction_policy = "lru";   // See NewEvictionPolicy() and EvictionPolicyNames().
+  double frequency_weight = 0.3;         // "weighted" policy only (EvictionPolicyOptions)
   double recency_weight = 0.7;
   absl::Duration default_lease_ttl = absl::Seconds(10);  // Read leases when the caller names none.
   absl::Duration max_lease_ttl = absl::Seconds(60);      // Longer requests are capped to this.
   absl::Duration reservation_ttl = absl::Seconds(30);    // Uncommitted slots return after this.
-  Clock* clock = nullptr;                    // Default (null): Clock::Real(). Not owned.
+  Clock* clock = nullptr;                                // Default (null): Clock::Real(). Not owned.
   // Disk tier (RocksDB). Empty path: no disk tier, host evictions drop blocks.
   std::string disk_path;
-  uint64_t disk_capacity_bytes = 0;          // budget on logical block bytes; > 0 when disk_path is set
-  bool promote_on_hit = true;                // a read of a disk block moves it back to host memory
+  uint64_t disk_capacity_bytes = 0;  // budget on logical block bytes; > 0 when disk_path is set
+  bool promote_on_hit = true;        // a read of a disk block moves it back to host memory
   // HBM tier above host memory: its device memory (shared so a transport may keep it alive); null = no
   // HBM tier. Slots are carved from it by slab_bytes, like the host tier's.
   std::shared_ptr<DeviceTierMemory> hbm_memory;
@@ -64,7 +64,7 @@ struct BlockStoreOptions {
 // belongs to, and the bytes of each block (KvLayout::ShardBytes()).
 struct NamespaceRef {
   uint64_t id = 0;
-  uint64_t tenant_id = 0;   // TenantId(tenant); entries of another tenant are invisible
+  uint64_t tenant_id = 0;  // TenantId(tenant); entries of another tenant are invisible
   uint64_t block_bytes = 0;
 };
 
@@ -92,30 +92,30 @@ struct BlockStoreStats {
   std::atomic<uint64_t> already_present{0};
   std::atomic<uint64_t> evictions{0};
   std::atomic<uint64_t> rejections_no_space{0};
-  std::atomic<uint64_t> rejections_quota{0};     // keys refused because their tenant is at its quota
-  std::atomic<uint64_t> quota_evictions{0};      // blocks a tenant at its quota dropped to make room
+  std::atomic<uint64_t> rejections_quota{0};  // keys refused because their tenant is at its quota
+  std::atomic<uint64_t> quota_evictions{0};   // blocks a tenant at its quota dropped to make room
   std::atomic<uint64_t> checksum_failures{0};
   std::atomic<uint64_t> expired_reservations{0};
   std::atomic<uint64_t> expired_leases{0};
-  std::atomic<uint64_t> active_leases{0};        // gauge
-  std::atomic<uint64_t> active_reservations{0};  // gauge
-  std::atomic<uint64_t> stored_blocks{0};        // gauge: committed blocks in host memory
-  std::atomic<uint64_t> stored_bytes{0};         // gauge: slot bytes of committed and reserved blocks
-  std::atomic<uint64_t> disk_blocks{0};          // gauge: blocks on disk
-  std::atomic<uint64_t> disk_bytes{0};           // gauge: logical bytes on disk
-  std::atomic<uint64_t> demotions{0};            // host -> disk
-  std::atomic<uint64_t> promotions{0};           // disk -> host
-  std::atomic<uint64_t> disk_evictions{0};       // dropped from disk
+  std::atomic<uint64_t> active_leases{0};           // gauge
+  std::atomic<uint64_t> active_reservations{0};     // gauge
+  std::atomic<uint64_t> stored_blocks{0};           // gauge: committed blocks in host memory
+  std::atomic<uint64_t> stored_bytes{0};            // gauge: slot bytes of committed and reserved blocks
+  std::atomic<uint64_t> disk_blocks{0};             // gauge: blocks on disk
+  std::atomic<uint64_t> disk_bytes{0};              // gauge: logical bytes on disk
+  std::atomic<uint64_t> demotions{0};               // host -> disk
+  std::atomic<uint64_t> promotions{0};              // disk -> host
+  std::atomic<uint64_t> disk_evictions{0};          // dropped from disk
   std::atomic<uint64_t> disk_checksum_failures{0};  // disk reads whose bytes failed: dropped, never served
-  std::atomic<uint64_t> disk_errors{0};          // disk I/O errors (the block is dropped or not demoted)
-  std::atomic<uint64_t> recovered_blocks{0};     // found on disk at start
-  std::atomic<uint64_t> slab_moves{0};           // slabs emptied and returned to the pool (any size)
-  std::atomic<uint64_t> defrag_moved_blocks{0};  // blocks moved between slots by Defragment()
-  std::atomic<uint64_t> hbm_blocks{0};           // gauge: committed blocks in the HBM tier
-  std::atomic<uint64_t> hbm_bytes{0};            // gauge: slot bytes of the HBM tier in use
-  std::atomic<uint64_t> hbm_promotions{0};       // host -> HBM
-  std::atomic<uint64_t> hbm_demotions{0};        // HBM -> host
-  std::atomic<uint64_t> hbm_errors{0};           // device copies that failed (the block is dropped or not moved)
+  std::atomic<uint64_t> disk_errors{0};             // disk I/O errors (the block is dropped or not demoted)
+  std::atomic<uint64_t> recovered_blocks{0};        // found on disk at start
+  std::atomic<uint64_t> slab_moves{0};              // slabs emptied and returned to the pool (any size)
+  std::atomic<uint64_t> defrag_moved_blocks{0};     // blocks moved between slots by Defragment()
+  std::atomic<uint64_t> hbm_blocks{0};              // gauge: committed blocks in the HBM tier
+  std::atomic<uint64_t> hbm_bytes{0};               // gauge: slot bytes of the HBM tier in use
+  std::atomic<uint64_t> hbm_promotions{0};          // host -> HBM
+  std::atomic<uint64_t> hbm_demotions{0};           // HBM -> host
+  std::atomic<uint64_t> hbm_errors{0};              // device copies that failed (the block is dropped or not moved)
 };
 
 // Per-block answer of AcquireRead.
@@ -134,13 +134,12 @@ struct ReadBlockInfo {
 // promote_on_hit, moves it back to host memory. Every move between tiers verifies the checksum of the
 // bytes that arrived; a read served from HBM copies the block to host memory for the lease and verifies
 // it there. Disk blocks survive a restart (recovered in Create).
-// Disk I/O currently runs under the store's lock. A block becomes visible only after Commit verified its checksum; a leased block is never
-// evicted or reused; a reservation that is not committed within reservation_ttl returns its slots.
-// Capacity: slots come from a SlabAllocator of capacity_bytes, so usage never exceeds it; when no
-// unleased block can be evicted, Allocate reports kNoSpace for that key (a rejection).
-// Payload copies (Write, CopyOut) and checksums run outside the lock; the slot is pinned meanwhile, so
-// expiry never frees memory under a copy.
-// Thread-safety: all public methods may be called concurrently.
+// Disk I/O currently runs under the store's lock. A block becomes visible only after Commit verified its checksum; a
+// leased block is never evicted or reused; a reservation that is not committed within reservation_ttl returns its
+// slots. Capacity: slots come from a SlabAllocator of capacity_bytes, so usage never exceeds it; when no unleased block
+// can be evicted, Allocate reports kNoSpace for that key (a rejection). Payload copies (Write, CopyOut) and checksums
+// run outside the lock; the slot is pinned meanwhile, so expiry never frees memory under a copy. Thread-safety: all
+// public methods may be called concurrently.
 class BlockStore {
  public:
   // Errors: InvalidArgument (bad options), ResourceExhausted (region could not be reserved).
@@ -256,8 +255,8 @@ class BlockStore {
     uint64_t size_bytes = 0;
   };
   struct HbmLease {
-    uint64_t lease_id = 0;                          // 0 when no block was placed in HBM
-    std::vector<std::optional<DeviceBlock>> blocks; // per key; nullopt: absent, or not placeable in HBM
+    uint64_t lease_id = 0;                           // 0 when no block was placed in HBM
+    std::vector<std::optional<DeviceBlock>> blocks;  // per key; nullopt: absent, or not placeable in HBM
   };
   // Leases the present blocks of `keys` that are, or can be brought, in the HBM tier (host and disk
   // blocks move up, as on a read hit, whatever hbm_promote_on_hit says), and counts an access to each.
@@ -283,7 +282,7 @@ class BlockStore {
     uint32_t depth = 0;         // index in its prompt's chain, as the writer reported it
     uint32_t access_count = 0;  // the put plus every read hit and repeated put
     uint32_t lease_count = 0;
-    absl::Time inserted;        // when it was committed (or recovered from disk)
+    absl::Time inserted;  // when it was committed (or recovered from disk)
     absl::Time last_access;
   };
   // Which blocks an admin call applies to; unset fields match everything.
@@ -295,7 +294,8 @@ class BlockStore {
   // Committed blocks matching `filter`, at most `limit`, starting at `cursor` (0 for the first page).
   // Returns the page and the cursor of the next page (0 when there is none). Pages are stable while
   // nothing is inserted or erased; otherwise a block may show twice or not at all, never a wrong one.
-  std::pair<std::vector<BlockInfo>, uint64_t> ListBlocks(const BlockFilter& filter, uint64_t cursor, size_t limit) const;
+  std::pair<std::vector<BlockInfo>, uint64_t> ListBlocks(const BlockFilter& filter, uint64_t cursor,
+                                                         size_t limit) const;
   // The block stored under `key` (committed), if any.
   std::optional<BlockInfo> Inspect(const BlockKey& key) const;
   // Drops matching unleased blocks from every tier. Returns (evicted, skipped because leased).
@@ -360,7 +360,7 @@ class BlockStore {
     uint64_t checksum = 0;
     uint64_t reservation_id = 0;  // while kReserved
     uint64_t tenant_id = 0;
-    SlotRef slot;                 // while tier == kHost (allocator_) or kHbm (hbm_allocator_)
+    SlotRef slot;  // while tier == kHost (allocator_) or kHbm (hbm_allocator_)
     uint32_t lease_count = 0;
     uint32_t access_count = 0;
     uint32_t depth = 0;
@@ -374,13 +374,13 @@ class BlockStore {
     // Per key index: bytes read from disk for this lease (when not promoted); empty otherwise.
     std::vector<std::vector<std::byte>> owned;
     absl::Time expiry;
-    uint32_t pins = 0;                 // copies in flight
-    bool dead = false;                 // released or expired while pinned: free at unpin
+    uint32_t pins = 0;  // copies in flight
+    bool dead = false;  // released or expired while pinned: free at unpin
   };
   struct Reservation {
-    std::vector<EntryHandle> entries;  // per key index; kNoEntry when not allocated
-    std::vector<uint64_t> written;     // bytes written per key
-    std::vector<uint8_t> receiving;    // per key: 1 while a PinForReceive transfer is in flight
+    std::vector<EntryHandle> entries;                        // per key index; kNoEntry when not allocated
+    std::vector<uint64_t> written;                           // bytes written per key
+    std::vector<uint8_t> receiving;                          // per key: 1 while a PinForReceive transfer is in flight
     std::vector<std::optional<uint64_t>> received_checksum;  // per key: from FinishReceive, if given
     absl::Time expiry;
     uint32_t pins = 0;
@@ -390,7 +390,7 @@ class BlockStore {
 
   explicit BlockStore(const BlockStoreOptions& options);
   EntryHandle NewEntryLocked();
-  void EraseEntryLocked(EntryHandle h);   // frees slot, removes from map and policy
+  void EraseEntryLocked(EntryHandle h);  // frees slot, removes from map and policy
   bool EvictOneLocked(uint64_t slot_bytes);
   // Drops unleased committed blocks of `tenant_id` (disk first, then host, then HBM; least recently
   // used first) until `bytes` more fit in its quota. False when they cannot be made to fit.
@@ -440,28 +440,28 @@ class BlockStore {
   BlockStoreOptions options_;
   Clock* clock_;
   std::unique_ptr<SlabAllocator> allocator_;
-  std::unique_ptr<EvictionPolicy> policy_;       // host entries
-  std::unique_ptr<EvictionPolicy> disk_policy_;  // disk entries
-  std::unique_ptr<DiskTier> disk_;         // null without a disk tier
+  std::unique_ptr<EvictionPolicy> policy_;        // host entries
+  std::unique_ptr<EvictionPolicy> disk_policy_;   // disk entries
+  std::unique_ptr<DiskTier> disk_;                // null without a disk tier
   std::shared_ptr<DeviceTierMemory> hbm_memory_;  // null without an HBM tier
   std::unique_ptr<SlabAllocator> hbm_allocator_;  // offsets into hbm_memory_
   std::unique_ptr<EvictionPolicy> hbm_policy_;    // HBM entries
   BlockStoreStats stats_;
 
-  mutable std::mutex mu_;  // std::mutex so ThreadSanitizer sees it (HOUSE_STYLE §8)
-  absl::flat_hash_map<BlockKey, EntryHandle> index_;  // guarded by mu_
-  std::vector<Entry> entries_;                          // guarded by mu_
-  std::vector<EntryHandle> free_entries_;               // guarded by mu_
-  absl::flat_hash_map<uint64_t, Lease> leases_;         // guarded by mu_
+  mutable std::mutex mu_;                                    // std::mutex so ThreadSanitizer sees it (HOUSE_STYLE §8)
+  absl::flat_hash_map<BlockKey, EntryHandle> index_;         // guarded by mu_
+  std::vector<Entry> entries_;                               // guarded by mu_
+  std::vector<EntryHandle> free_entries_;                    // guarded by mu_
+  absl::flat_hash_map<uint64_t, Lease> leases_;              // guarded by mu_
   absl::flat_hash_map<uint64_t, Reservation> reservations_;  // guarded by mu_
   // (deadline, id) min-heaps for expiry; stale ids are skipped.
   using Deadline = std::pair<absl::Time, uint64_t>;
   std::priority_queue<Deadline, std::vector<Deadline>, std::greater<>> lease_deadlines_;        // mu_
   std::priority_queue<Deadline, std::vector<Deadline>, std::greater<>> reservation_deadlines_;  // mu_
-  uint64_t next_id_ = 1;                                // guarded by mu_
+  uint64_t next_id_ = 1;                                                                        // guarded by mu_
   absl::flat_hash_map<uint64_t, uint64_t> tenant_bytes_;  // guarded by mu_; tenant id -> TenantBytes()
-  BlockEventSink* sink_ = nullptr;                      // guarded by mu_; not owned
-  bool sink_muted_ = false;                             // guarded by mu_; Evict of everything
+  BlockEventSink* sink_ = nullptr;                        // guarded by mu_; not owned
+  bool sink_muted_ = false;                               // guarded by mu_; Evict of everything
   std::atomic<bool> draining_{false};
 };
 

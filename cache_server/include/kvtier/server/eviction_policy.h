@@ -20,10 +20,10 @@ using EntryHandle = uint32_t;
 // What a policy learns of each insert and access. A KV cache knows more than a generic cache: where a
 // block sits in its prompt's chain and which namespace (model, layout) it belongs to.
 struct BlockAccess {
-  uint32_t depth = 0;          // index of the block in its prompt's fingerprint chain (0 = first block)
-  uint64_t namespace_id = 0;   // Namespace::Id()
-  uint64_t size_bytes = 0;     // the block's bytes
-  int64_t now_ns = 0;          // the store's clock at the access, ns since the Unix epoch
+  uint32_t depth = 0;         // index of the block in its prompt's fingerprint chain (0 = first block)
+  uint64_t namespace_id = 0;  // Namespace::Id()
+  uint64_t size_bytes = 0;    // the block's bytes
+  int64_t now_ns = 0;         // the store's clock at the access, ns since the Unix epoch
   // A hash of the block's key that is the same at every access of the block and differs between
   // blocks (e.g. the first 8 bytes of the fingerprint mixed with the shard); 0 = not given. Handles are
   // reused after erase, so this is how a policy recognises a block that comes back (prefix_lrfu).
@@ -110,7 +110,7 @@ std::vector<std::string> EvictionPolicyNames();
 // Errors: InvalidArgument listing the known names, or naming the bad field of `options`.
 absl::StatusOr<std::unique_ptr<EvictionPolicy>> NewEvictionPolicy(const std::string& name);
 absl::StatusOr<std::unique_ptr<EvictionPolicy>> NewEvictionPolicy(const std::string& name,
-                                                                   const EvictionPolicyOptions& options);
+                                                                  const EvictionPolicyOptions& options);
 
 }  // namespace kvtier::server
 

@@ -26,22 +26,22 @@ struct NamespaceOptions {
 // One bearer token the server accepts (config `auth.tokens`, or `auth.tokens_file`), docs/config.md.
 // Only the token's SHA-256 is kept: a `token:` given in plain text is hashed when the config is parsed.
 struct AuthTokenOptions {
-  std::string token_sha256;  // required: 64 lowercase hex digits of SHA-256(token)
-  std::string tenant;        // the tenant a worker token may touch; required for role "worker"
+  std::string token_sha256;     // required: 64 lowercase hex digits of SHA-256(token)
+  std::string tenant;           // the tenant a worker token may touch; required for role "worker"
   std::string role = "worker";  // "worker" (cache RPCs of its tenant) or "admin" (everything)
 };
 
 // Every field has a default; Validate() names the first bad one by its YAML key (docs/config.md).
 struct ServerOptions {
-  std::string node_id;                              // required: stable id, the member's ring key
-  std::string listen_address = "127.0.0.1:0";       // host:port of gRPC; port 0 = the kernel picks
-  std::string metrics_address = "127.0.0.1:0";      // host:port of /metrics; empty = no exposer
-  uint64_t host_cache_bytes = 1ULL << 30;           // Default: 1 GiB of host memory for blocks
-  uint64_t slab_bytes = 64ULL << 20;                // Default: 64 MiB; also the largest block accepted
+  std::string node_id;                                  // required: stable id, the member's ring key
+  std::string listen_address = "127.0.0.1:0";           // host:port of gRPC; port 0 = the kernel picks
+  std::string metrics_address = "127.0.0.1:0";          // host:port of /metrics; empty = no exposer
+  uint64_t host_cache_bytes = 1ULL << 30;               // Default: 1 GiB of host memory for blocks
+  uint64_t slab_bytes = 64ULL << 20;                    // Default: 64 MiB; also the largest block accepted
   absl::Duration defrag_interval = absl::Seconds(300);  // host-tier compaction (DESIGN.md §8); 0 = off
-  std::string disk_path;                            // RocksDB directory of the disk tier; empty = none
-  uint64_t disk_capacity_bytes = 0;                 // budget on logical bytes on disk (docs/config.md)
-  bool promote_on_hit = true;                       // a hit on disk moves the block back to host memory
+  std::string disk_path;                                // RocksDB directory of the disk tier; empty = none
+  uint64_t disk_capacity_bytes = 0;                     // budget on logical bytes on disk (docs/config.md)
+  bool promote_on_hit = true;                           // a hit on disk moves the block back to host memory
   // HBM tier (docs/config.md `hbm_tier`): hbm_memory_ratio x the device's free memory at start, at most
   // hbm_max_bytes (0 = no cap), on CUDA device hbm_device. 0 = no HBM tier. When > 0 and no CUDA device
   // is usable (or the build has no CUDA), the server logs why and runs without it. When a device is
@@ -49,44 +49,45 @@ struct ServerOptions {
   double hbm_memory_ratio = 0;
   uint64_t hbm_max_bytes = 0;
   uint32_t hbm_device = 0;
-  bool hbm_promote_on_hit = true;                   // a read hit on host memory moves the block up to HBM
-  uint64_t max_block_bytes = 64ULL << 20;           // Default: 64 MiB; <= slab_bytes
-  uint32_t max_blocks_per_request = 65536;          // Default: 64 Ki keys per RPC
-  uint64_t max_message_bytes = 80ULL << 20;         // Default: 80 MiB gRPC messages both ways
-  uint64_t stream_chunk_bytes = 1ULL << 20;         // Default: 1 MiB per streamed data message
-  std::string eviction_policy = "lru";              // "lru", "weighted" or "prefix_lrfu"
-  double eviction_frequency_weight = 0.3;           // "weighted": the two weights, given as operators do
-  double eviction_recency_weight = 0.7;             //   ("frequency, recency" = 0.3, 0.7)
+  bool hbm_promote_on_hit = true;            // a read hit on host memory moves the block up to HBM
+  uint64_t max_block_bytes = 64ULL << 20;    // Default: 64 MiB; <= slab_bytes
+  uint32_t max_blocks_per_request = 65536;   // Default: 64 Ki keys per RPC
+  uint64_t max_message_bytes = 80ULL << 20;  // Default: 80 MiB gRPC messages both ways
+  uint64_t stream_chunk_bytes = 1ULL << 20;  // Default: 1 MiB per streamed data message
+  std::string eviction_policy = "lru";       // "lru", "weighted" or "prefix_lrfu"
+  double eviction_frequency_weight = 0.3;    // "weighted": the two weights, given as operators do
+  double eviction_recency_weight = 0.7;      //   ("frequency, recency" = 0.3, 0.7)
   absl::Duration default_lease_ttl = absl::Seconds(10);
   absl::Duration max_lease_ttl = absl::Seconds(60);
   absl::Duration reservation_ttl = absl::Seconds(30);
   absl::Duration expiry_interval = absl::Milliseconds(200);  // how often leases and reservations expire
-  std::string port_file;                            // if set: "<grpc_port> <metrics_port> <ucx_port>\n" once bound
+  std::string port_file;  // if set: "<grpc_port> <metrics_port> <ucx_port>\n" once bound
   // UCX bulk data plane (docs/architecture.md). Empty: no UCX listener; clients then move bytes over gRPC.
-  std::string ucx_listen_address;                   // host:port of the UCX listener; port 0 = the kernel picks
-  std::string ucx_transports;                       // UCX_TLS of the server's UCX context ("" = UCX's own
-                                                    // default); must include tcp (the listener needs it)
-  absl::Duration ucx_transfer_timeout = absl::Seconds(10);  // a UCX send or receive still unfinished after
-                                                    // this is cancelled (its endpoint closed) and its pin dropped
+  std::string ucx_listen_address;  // host:port of the UCX listener; port 0 = the kernel picks
+  std::string ucx_transports;      // UCX_TLS of the server's UCX context ("" = UCX's own
+                                   // default); must include tcp (the listener needs it)
+  absl::Duration ucx_transfer_timeout =
+      absl::Seconds(10);  // a UCX send or receive still unfinished after
+                          // this is cancelled (its endpoint closed) and its pin dropped
 
   // KV events (docs/events.md): BlockStored/BlockRemoved/BlockMoved/AllBlocksCleared on a ZeroMQ PUB
   // socket; Replay and Snapshot over gRPC (kvtier.v1.EventService on listen_address). Off by default.
   bool events_enabled = false;
-  std::string events_pub_endpoint = "tcp://0.0.0.0:7402";  // ZeroMQ endpoint; port 0 = the kernel picks
-  uint32_t events_replay_buffer_events = 65536;     // Default: the latest 64 Ki events kept for Replay
-  uint32_t events_max_batch_events = 256;           // Default: at most 256 events per PUB message
+  std::string events_pub_endpoint = "tcp://0.0.0.0:7402";       // ZeroMQ endpoint; port 0 = the kernel picks
+  uint32_t events_replay_buffer_events = 65536;                 // Default: the latest 64 Ki events kept for Replay
+  uint32_t events_max_batch_events = 256;                       // Default: at most 256 events per PUB message
   absl::Duration events_heartbeat_interval = absl::Seconds(1);  // an empty batch when idle this long
 
-  std::vector<NamespaceOptions> namespaces;         // per-namespace settings; the first match applies
+  std::vector<NamespaceOptions> namespaces;  // per-namespace settings; the first match applies
 
   // Plain (never TLS) gRPC port that serves only grpc.health.v1, for probes that cannot present a
   // client certificate (the kubelet's). Empty (default): none; health is then served on listen_address
   // only, with its credentials.
   std::string health_address;
   // TLS on listen_address (config `tls:`). Both files set: TLS; both empty (default): plaintext.
-  std::string tls_cert_file;                        // PEM certificate chain of this server
-  std::string tls_key_file;                         // PEM private key of tls_cert_file
-  std::string tls_client_ca_file;                   // PEM CA(s) that sign client certificates; empty = none
+  std::string tls_cert_file;       // PEM certificate chain of this server
+  std::string tls_key_file;        // PEM private key of tls_cert_file
+  std::string tls_client_ca_file;  // PEM CA(s) that sign client certificates; empty = none
   // Refuse clients without a certificate signed by tls_client_ca_file (mutual TLS). Default false:
   // a certificate, when presented, is still verified against tls_client_ca_file.
   bool tls_require_client_cert = false;
@@ -94,7 +95,7 @@ struct ServerOptions {
   // grpc.health.v1 needs one: UNAUTHENTICATED without a valid token, PERMISSION_DENIED for a worker
   // token outside its tenant or on an admin RPC. Default: none (no authentication).
   std::vector<AuthTokenOptions> auth_tokens;
-  std::string auth_tokens_file;                     // YAML list of the same entries, read at Start()
+  std::string auth_tokens_file;  // YAML list of the same entries, read at Start()
   // Per-tenant byte quotas (config `quotas: {tenant: size}`): BlockStoreOptions::tenant_quota_bytes.
   std::vector<std::pair<std::string, uint64_t>> tenant_quotas;
 

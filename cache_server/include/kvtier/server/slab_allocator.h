@@ -79,7 +79,7 @@ class SlabAllocator {
   std::span<std::byte> Region() const { return {base_, capacity_bytes_}; }
   uint64_t capacity_bytes() const { return capacity_bytes_; }
   uint64_t slab_bytes() const { return slab_bytes_; }
-  uint64_t used_bytes() const { return used_bytes_; }   // slot bytes of allocated slots
+  uint64_t used_bytes() const { return used_bytes_; }  // slot bytes of allocated slots
   uint32_t num_slabs() const { return static_cast<uint32_t>(slabs_.size()); }
   uint32_t free_slabs() const { return static_cast<uint32_t>(free_slabs_.size()); }
 
@@ -87,15 +87,15 @@ class SlabAllocator {
   struct Slab {
     uint64_t offset = 0;
     uint64_t length = 0;
-    uint64_t slot_bytes = 0;          // 0 while free
+    uint64_t slot_bytes = 0;  // 0 while free
     uint32_t num_slots = 0;
     uint32_t used = 0;
-    std::vector<uint32_t> free_slots; // stack
+    std::vector<uint32_t> free_slots;  // stack
     bool in_partial_list = false;
-    bool evacuating = false;          // no new allocations; its blocks are being moved out
+    bool evacuating = false;  // no new allocations; its blocks are being moved out
   };
   struct SizeClass {
-    std::vector<uint32_t> partial;    // slabs with free slots (may hold stale entries; checked on pop)
+    std::vector<uint32_t> partial;  // slabs with free slots (may hold stale entries; checked on pop)
   };
   SlabAllocator() = default;
 

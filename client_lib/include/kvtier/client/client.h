@@ -61,10 +61,10 @@ struct ClientOptions {
   // rpc_timeout of their start: their RPCs get it less a reserve (2%, between 2 and 20 ms) for
   // assembling the result. Default 2 s.
   absl::Duration rpc_timeout = absl::Seconds(2);
-  absl::Duration connect_timeout = absl::Seconds(5);    // deadline of the node-id query at Connect
-  uint64_t max_message_bytes = 80ULL << 20;             // gRPC message limit; must match the servers'
-  uint64_t stream_chunk_bytes = 1ULL << 20;             // bytes per streamed write message
-  uint32_t max_blocks_per_request = 4096;               // larger batches are split per owner
+  absl::Duration connect_timeout = absl::Seconds(5);  // deadline of the node-id query at Connect
+  uint64_t max_message_bytes = 80ULL << 20;           // gRPC message limit; must match the servers'
+  uint64_t stream_chunk_bytes = 1ULL << 20;           // bytes per streamed write message
+  uint32_t max_blocks_per_request = 4096;             // larger batches are split per owner
   // Blocks per put batch to one owner (DESIGN.md §8's transfer batch size). Batches to one owner run in
   // order, each committed before the next is reserved, so a put larger than an owner's free memory
   // streams through it. Default 64.
@@ -151,16 +151,16 @@ struct ClientOptions {
 
 // Health of a member as this client's checks see it.
 enum class MemberHealth : uint8_t {
-  kUnknown,    // not checked yet
-  kHealthy,    // the last check passed (or failed fewer than unhealthy_threshold times in a row)
-  kEjected,    // failed unhealthy_threshold checks in a row: out of the ring until it passes again
+  kUnknown,  // not checked yet
+  kHealthy,  // the last check passed (or failed fewer than unhealthy_threshold times in a row)
+  kEjected,  // failed unhealthy_threshold checks in a row: out of the ring until it passes again
 };
 
 // What a member is, as this client sees it.
 struct MemberInfo {
-  std::string node_id;   // ring key; empty when the member never answered
-  std::string address;   // host:port
-  bool from_dns = false; // true: found through members_dns (and leaves when its record goes)
+  std::string node_id;    // ring key; empty when the member never answered
+  std::string address;    // host:port
+  bool from_dns = false;  // true: found through members_dns (and leaves when its record goes)
   // false: the id is unknown, the member is ejected, or another member reports the same id first.
   bool in_ring = false;
   MemberHealth health = MemberHealth::kUnknown;
@@ -173,10 +173,10 @@ struct MemberInfo {
 
 // Outcome of one block of a Get.
 enum class GetResult : uint8_t {
-  kHit,              // the bytes arrived and matched their checksum
-  kMiss,             // the owner does not hold the block
-  kMissFromError,    // the owner failed, timed out or was unreachable: counted as a miss from error
-  kChecksumMismatch, // bytes arrived but did not match the checksum: discarded, counted, never returned
+  kHit,               // the bytes arrived and matched their checksum
+  kMiss,              // the owner does not hold the block
+  kMissFromError,     // the owner failed, timed out or was unreachable: counted as a miss from error
+  kChecksumMismatch,  // bytes arrived but did not match the checksum: discarded, counted, never returned
 };
 
 // Outcome of one block of a Put.
@@ -190,50 +190,50 @@ enum class PutResult : uint8_t {
 
 // Result of a longest-prefix lookup.
 struct LookupResult {
-  uint32_t prefix_blocks = 0;        // leading blocks present (on every shard); tokens = this x block_tokens
-  std::vector<bool> present;         // per block
-  uint32_t blocks_from_errors = 0;   // blocks whose owner could not answer (counted as misses)
+  uint32_t prefix_blocks = 0;       // leading blocks present (on every shard); tokens = this x block_tokens
+  std::vector<bool> present;        // per block
+  uint32_t blocks_from_errors = 0;  // blocks whose owner could not answer (counted as misses)
 };
 
 // Monotonic counters of this client (DESIGN.md §5 hit accounting). Each block is counted once per call,
 // whatever the number of owners asked, so hit <= asked always holds.
 struct ClientStats {
-  std::atomic<uint64_t> lookups{0};               // LookupPrefix calls
-  std::atomic<uint64_t> lookup_blocks{0};         // blocks asked of LookupPrefix
-  std::atomic<uint64_t> prefix_hit_blocks{0};     // blocks in the returned leading runs
+  std::atomic<uint64_t> lookups{0};            // LookupPrefix calls
+  std::atomic<uint64_t> lookup_blocks{0};      // blocks asked of LookupPrefix
+  std::atomic<uint64_t> prefix_hit_blocks{0};  // blocks in the returned leading runs
   std::atomic<uint64_t> prefix_hit_tokens{0};
-  std::atomic<uint64_t> get_blocks{0};            // blocks asked of Get
-  std::atomic<uint64_t> retrieve_hit_blocks{0};   // blocks that arrived intact
+  std::atomic<uint64_t> get_blocks{0};           // blocks asked of Get
+  std::atomic<uint64_t> retrieve_hit_blocks{0};  // blocks that arrived intact
   std::atomic<uint64_t> retrieve_hit_tokens{0};
   std::atomic<uint64_t> retrieve_hit_bytes{0};
-  std::atomic<uint64_t> put_blocks{0};            // blocks asked of Put
+  std::atomic<uint64_t> put_blocks{0};  // blocks asked of Put
   std::atomic<uint64_t> put_stored_blocks{0};
   std::atomic<uint64_t> put_stored_bytes{0};
-  std::atomic<uint64_t> put_rejected_blocks{0};   // kNoSpace
-  std::atomic<uint64_t> misses_from_errors{0};    // blocks turned into misses because an owner failed
-  std::atomic<uint64_t> rpc_errors{0};            // RPCs that failed (each may cover many blocks)
-  std::atomic<uint64_t> checksum_failures{0};     // blocks whose bytes failed verification
-  std::atomic<uint64_t> ucx_get_blocks{0};        // blocks that arrived intact over UCX
-  std::atomic<uint64_t> ucx_lane_get_blocks{0};   // of those, blocks the get lanes received (ucx_get_lanes)
-  std::atomic<uint64_t> ucx_leases{0};            // read leases taken over UCX (servers without tokens)
-  std::atomic<uint64_t> ucx_put_blocks{0};        // blocks whose bytes the server took over UCX
-  std::atomic<uint64_t> ucx_endpoint_failures{0}; // UCX endpoints dropped after an error or a missed deadline
-  std::atomic<uint64_t> ucx_connects{0};          // UCX endpoints established (the first and reconnects)
-  std::atomic<uint64_t> ring_changes{0};          // rings swapped in after Connect (members joined or left)
-  std::atomic<uint64_t> dns_resolutions{0};       // members_dns resolutions that answered (records or none)
-  std::atomic<uint64_t> dns_failures{0};          // resolutions that failed (the members were kept)
-  std::atomic<uint64_t> health_check_failures{0}; // failed health checks, all members
-  std::atomic<uint64_t> members_ejected{0};       // ejections (a member ejected twice counts twice)
+  std::atomic<uint64_t> put_rejected_blocks{0};    // kNoSpace
+  std::atomic<uint64_t> misses_from_errors{0};     // blocks turned into misses because an owner failed
+  std::atomic<uint64_t> rpc_errors{0};             // RPCs that failed (each may cover many blocks)
+  std::atomic<uint64_t> checksum_failures{0};      // blocks whose bytes failed verification
+  std::atomic<uint64_t> ucx_get_blocks{0};         // blocks that arrived intact over UCX
+  std::atomic<uint64_t> ucx_lane_get_blocks{0};    // of those, blocks the get lanes received (ucx_get_lanes)
+  std::atomic<uint64_t> ucx_leases{0};             // read leases taken over UCX (servers without tokens)
+  std::atomic<uint64_t> ucx_put_blocks{0};         // blocks whose bytes the server took over UCX
+  std::atomic<uint64_t> ucx_endpoint_failures{0};  // UCX endpoints dropped after an error or a missed deadline
+  std::atomic<uint64_t> ucx_connects{0};           // UCX endpoints established (the first and reconnects)
+  std::atomic<uint64_t> ring_changes{0};           // rings swapped in after Connect (members joined or left)
+  std::atomic<uint64_t> dns_resolutions{0};        // members_dns resolutions that answered (records or none)
+  std::atomic<uint64_t> dns_failures{0};           // resolutions that failed (the members were kept)
+  std::atomic<uint64_t> health_check_failures{0};  // failed health checks, all members
+  std::atomic<uint64_t> members_ejected{0};        // ejections (a member ejected twice counts twice)
   // Replication, in blocks (one block on one replica owner counts once per owner).
-  std::atomic<uint64_t> replica_puts{0};          // replica blocks an owner stored (or already had)
+  std::atomic<uint64_t> replica_puts{0};  // replica blocks an owner stored (or already had)
   // Replica blocks not stored by an attempt: queue full, owner down or failing, no space there. Those
   // of a down owner are then hinted (hints_queued) when the hint queue is enabled.
   std::atomic<uint64_t> replica_put_failures{0};
   // Replica blocks put in the hinted-handoff queue: their owner was down, or had the block reserved and
   // not yet committed (asked again later).
   std::atomic<uint64_t> hints_queued{0};
-  std::atomic<uint64_t> hints_delivered{0};       // hinted blocks an owner later stored (or had)
-  std::atomic<uint64_t> hints_dropped{0};         // hinted blocks dropped (oldest first) over hint_queue_bytes
+  std::atomic<uint64_t> hints_delivered{0};  // hinted blocks an owner later stored (or had)
+  std::atomic<uint64_t> hints_dropped{0};    // hinted blocks dropped (oldest first) over hint_queue_bytes
   // Blocks of Get (hits) and LookupPrefix (present) found on an owner other than the first one asked:
   // fail-over after an error, or a hot block's fall-back after a miss.
   std::atomic<uint64_t> replica_read_blocks{0};

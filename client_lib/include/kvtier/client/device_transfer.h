@@ -51,7 +51,7 @@ struct DeviceTransferOptions {
 
 // Monotonic counters of one DeviceTransfer.
 struct DeviceTransferStats {
-  std::atomic<uint64_t> batches{0};            // staged batches (Get and Put)
+  std::atomic<uint64_t> batches{0};               // staged batches (Get and Put)
   std::atomic<uint64_t> host_to_device_bytes{0};  // bytes copied into caller device buffers (hits only)
   std::atomic<uint64_t> device_to_host_bytes{0};  // bytes copied out of caller device buffers
 };
@@ -63,8 +63,7 @@ class DeviceTransfer {
   // Allocates options.staging_buffers pinned buffers of options.staging_buffer_bytes each on
   // options.device. Errors: InvalidArgument (bad options), FailedPrecondition ("built without CUDA", or
   // no usable CUDA device / device ordinal out of range), ResourceExhausted (pinned allocation failed).
-  static absl::StatusOr<std::unique_ptr<DeviceTransfer>> Create(Client& client,
-                                                                const DeviceTransferOptions& options);
+  static absl::StatusOr<std::unique_ptr<DeviceTransfer>> Create(Client& client, const DeviceTransferOptions& options);
   // Waits for every copy still in flight from the staging buffers, then frees them.
   ~DeviceTransfer();
 
@@ -77,8 +76,7 @@ class DeviceTransfer {
   // Errors: InvalidArgument (counts or sizes disagree, shard >= tp_size, a buffer that is not device
   // memory of options.device, a block larger than staging_buffer_bytes), FailedPrecondition (built
   // without CUDA), Internal (a CUDA call failed; its message is included).
-  absl::StatusOr<std::vector<GetResult>> GetToDevice(const Namespace& ns,
-                                                     std::span<const Fingerprint> fingerprints,
+  absl::StatusOr<std::vector<GetResult>> GetToDevice(const Namespace& ns, std::span<const Fingerprint> fingerprints,
                                                      uint32_t shard, std::span<const DeviceBuffer> buffers,
                                                      void* stream = nullptr);
 
@@ -87,8 +85,7 @@ class DeviceTransfer {
   // stores it with Client::Put, while the next batch is being copied. Synchronous: on return the device
   // buffers are no longer read. `first_block_index` as in Client::Put.
   // Errors: as GetToDevice.
-  absl::StatusOr<std::vector<PutResult>> PutFromDevice(const Namespace& ns,
-                                                       std::span<const Fingerprint> fingerprints,
+  absl::StatusOr<std::vector<PutResult>> PutFromDevice(const Namespace& ns, std::span<const Fingerprint> fingerprints,
                                                        uint32_t shard, std::span<const DeviceBuffer> blocks,
                                                        void* stream = nullptr, uint32_t first_block_index = 0);
 

@@ -21,10 +21,10 @@ struct EventSubscriberOptions {
   // asks each for its PUB endpoint (EventService.GetEventsInfo); a wildcard bind host (0.0.0.0, *, ::)
   // is replaced by the member's host.
   std::vector<std::string> members;
-  absl::Duration rpc_timeout = absl::Seconds(5);         // GetEventsInfo, Replay and Snapshot deadline
-  absl::Duration retry_interval = absl::Seconds(1);      // retry unreachable members and failed catch-ups
-  int receive_hwm = 100000;                              // ZMQ_RCVHWM of the SUB socket, in messages
-  uint64_t max_message_bytes = 80ULL << 20;              // Default: 80 MiB gRPC messages (snapshots)
+  absl::Duration rpc_timeout = absl::Seconds(5);     // GetEventsInfo, Replay and Snapshot deadline
+  absl::Duration retry_interval = absl::Seconds(1);  // retry unreachable members and failed catch-ups
+  int receive_hwm = 100000;                          // ZMQ_RCVHWM of the SUB socket, in messages
+  uint64_t max_message_bytes = 80ULL << 20;          // Default: 80 MiB gRPC messages (snapshots)
   // gRPC security, as ClientOptions' fields of the same names: TLS when tls_ca_file is set, mutual TLS
   // with tls_cert_file and tls_key_file, and a bearer token (an admin token: events describe every
   // tenant's blocks). The ZeroMQ PUB stream itself is plaintext and unauthenticated. Default: none.
@@ -48,24 +48,24 @@ struct IndexedBlock {
 // Where the subscriber stands with one server.
 struct NodeEventState {
   std::string node_id;
-  std::string address;        // the member's gRPC address
-  uint64_t instance_id = 0;   // the server instance followed (0: never reached)
-  uint64_t applied_seq = 0;   // every event of that instance up to this seq is in the index
-  bool synced = false;        // the index holds a consistent view of the node (false while catching up
-                              // failed and is being retried)
+  std::string address;       // the member's gRPC address
+  uint64_t instance_id = 0;  // the server instance followed (0: never reached)
+  uint64_t applied_seq = 0;  // every event of that instance up to this seq is in the index
+  bool synced = false;       // the index holds a consistent view of the node (false while catching up
+                             // failed and is being retried)
   uint64_t blocks = 0;
 };
 
 // Counters since Start.
 struct EventSubscriberStats {
-  uint64_t batches = 0;           // PUB messages handled (heartbeats included)
-  uint64_t events_applied = 0;    // from PUB messages and replays
-  uint64_t gaps = 0;              // sequence gaps seen on the PUB stream (messages this subscriber missed)
-  uint64_t instance_changes = 0;  // a node restarted (new instance): its state was dropped
-  uint64_t replays = 0;           // catch-ups served by Replay
-  uint64_t snapshots = 0;         // catch-ups served by Snapshot (the replay buffer no longer held the seq)
-  uint64_t catch_up_failures = 0; // catch-ups that failed (the node is retried every retry_interval)
-  uint64_t decode_errors = 0;     // messages that did not parse or had an unknown schema_version
+  uint64_t batches = 0;            // PUB messages handled (heartbeats included)
+  uint64_t events_applied = 0;     // from PUB messages and replays
+  uint64_t gaps = 0;               // sequence gaps seen on the PUB stream (messages this subscriber missed)
+  uint64_t instance_changes = 0;   // a node restarted (new instance): its state was dropped
+  uint64_t replays = 0;            // catch-ups served by Replay
+  uint64_t snapshots = 0;          // catch-ups served by Snapshot (the replay buffer no longer held the seq)
+  uint64_t catch_up_failures = 0;  // catch-ups that failed (the node is retried every retry_interval)
+  uint64_t decode_errors = 0;      // messages that did not parse or had an unknown schema_version
 };
 
 // Subscribes to every member's PUB socket (one ZeroMQ SUB socket), applies events in sequence order per

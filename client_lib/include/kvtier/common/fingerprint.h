@@ -35,17 +35,17 @@ struct Fingerprint {
 
 // A LoRA adapter applied to the request: its KV differs from the base model's.
 struct LoraKey {
-  std::string adapter_id;     // 1..255 bytes
-  uint64_t version = 0;       // bump when the adapter's weights change
+  std::string adapter_id;  // 1..255 bytes
+  uint64_t version = 0;    // bump when the adapter's weights change
   friend bool operator==(const LoraKey&, const LoraKey&) = default;
 };
 
 // A multimodal input (image, audio) whose embedding occupies prompt positions
 // [offset_tokens, offset_tokens + length_tokens). Every block that overlaps it carries its hash.
 struct MultimodalInput {
-  std::string content_hash;   // bytes identifying the input's content, 1..255 bytes (e.g. a SHA-256)
+  std::string content_hash;  // bytes identifying the input's content, 1..255 bytes (e.g. a SHA-256)
   uint32_t offset_tokens = 0;
-  uint32_t length_tokens = 0; // > 0
+  uint32_t length_tokens = 0;  // > 0
   friend bool operator==(const MultimodalInput&, const MultimodalInput&) = default;
 };
 
@@ -62,8 +62,7 @@ struct ExtraKeys {
 // encodings of salt() and extra() are in docs/fingerprints.md. No process-local seed: the same input
 // gives the same output everywhere. `tokens` is borrowed for the call. Thread-safe.
 // Errors: InvalidArgument (invalid namespace, extra keys out of range).
-absl::StatusOr<std::vector<Fingerprint>> ChainFingerprints(const Namespace& ns,
-                                                           std::span<const uint32_t> tokens,
+absl::StatusOr<std::vector<Fingerprint>> ChainFingerprints(const Namespace& ns, std::span<const uint32_t> tokens,
                                                            const ExtraKeys& extra = {});
 
 }  // namespace kvtier

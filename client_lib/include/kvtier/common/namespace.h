@@ -14,9 +14,9 @@ namespace kvtier {
 // Tenant, model, model revision and KV layout. Blocks are shared only within one namespace: KV of one
 // model, revision, dtype, TP degree or codec is wrong for any other. A plain value type.
 struct Namespace {
-  std::string tenant;                       // required, 1..255 bytes
-  std::string model;                        // required, 1..255 bytes (e.g. "meta-llama/Llama-3.1-8B")
-  std::optional<std::string> revision;      // absent != empty; at most 255 bytes
+  std::string tenant;                   // required, 1..255 bytes
+  std::string model;                    // required, 1..255 bytes (e.g. "meta-llama/Llama-3.1-8B")
+  std::optional<std::string> revision;  // absent != empty; at most 255 bytes
   KvLayout layout;
   // Secret per-tenant salt mixed into every fingerprint so that one tenant cannot probe another's
   // prefixes. Never sent to servers. Absent != empty; at most 255 bytes.

@@ -51,10 +51,10 @@ namespace kvtier {
 
 // Every field has a default. Validate() names the first bad field.
 struct SimilarityOptions {
-  double threshold = 0.85;     // Jaccard index at which LSH groups requests; in (0, 1)
-  uint32_t num_hashes = 128;   // MinHash signature length; 1..4096 (cost: one multiply per shingle each)
-  uint32_t shingle_size = 1;   // items per shingle; 1..64 (1 for fingerprints and hash ids)
-  uint64_t seed = 0;           // hash family; every party that compares keys must use the same one
+  double threshold = 0.85;    // Jaccard index at which LSH groups requests; in (0, 1)
+  uint32_t num_hashes = 128;  // MinHash signature length; 1..4096 (cost: one multiply per shingle each)
+  uint32_t shingle_size = 1;  // items per shingle; 1..64 (1 for fingerprints and hash ids)
+  uint64_t seed = 0;          // hash family; every party that compares keys must use the same one
 
   // Errors: InvalidArgument naming the field ("similarity.threshold: 1.5 is not in (0, 1)").
   absl::Status Validate() const;

@@ -37,9 +37,7 @@ struct BlockShape {
   // The innermost dimension, along which quantization groups run: head_dim, or latent_dim.
   int32_t InnerDim() const { return kind == BlockKind::kMla ? latent_dim : head_dim; }
   // Elements in one block: num_layers * NumKv() * block_tokens * TokenElements().
-  int64_t NumElements() const {
-    return static_cast<int64_t>(num_layers) * NumKv() * block_tokens * TokenElements();
-  }
+  int64_t NumElements() const { return static_cast<int64_t>(num_layers) * NumKv() * block_tokens * TokenElements(); }
 };
 
 }  // namespace kvtier::kernels

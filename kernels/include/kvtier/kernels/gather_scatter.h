@@ -42,7 +42,7 @@ enum class EngineLayout : int32_t { kKvFirst = 0, kPageFirst = 1, kMla = 2 };
 
 // Describes one engine's paged cache (per layer) and the blocks kvtier packs it into.
 struct PagedCacheSpec {
-  BlockShape block;                               // kind must be kMla exactly when layout is kMla
+  BlockShape block;  // kind must be kMla exactly when layout is kMla
   EngineLayout layout = EngineLayout::kKvFirst;
   int32_t num_pages = 0;      // pages per layer in the engine cache; > 0
   int32_t page_size = 0;      // tokens per page; > 0 and divides block.block_tokens
@@ -56,9 +56,7 @@ struct PagedCacheSpec {
   int32_t PagesPerBlock() const { return block.block_tokens / page_size; }
   // Bytes of one page of K, of V, or of the latent (page_size * TokenElements() * element_bytes);
   // the unit the kernels copy.
-  int64_t PageBytes() const {
-    return static_cast<int64_t>(page_size) * block.TokenElements() * element_bytes;
-  }
+  int64_t PageBytes() const { return static_cast<int64_t>(page_size) * block.TokenElements() * element_bytes; }
   // Bytes of one layer's engine tensor (num_pages * NumKv() * PageBytes()).
   int64_t LayerBytes() const { return static_cast<int64_t>(num_pages) * block.NumKv() * PageBytes(); }
   // Bytes of one kvtier block (block.NumElements() * element_bytes).
@@ -71,25 +69,23 @@ struct PagedCacheSpec {
 // LayerBytes() long; block_table has num_blocks * PagesPerBlock() entries; blocks has num_blocks
 // entries. Output blocks must not overlap each other or the cache. num_blocks == 0 does nothing.
 // GatherCpu: host memory throughout. Always available.
-KernelStatus GatherCpu(const PagedCacheSpec& spec, const void* const* layer_caches,
-                       const int32_t* block_table, int32_t num_blocks, void* const* blocks);
+KernelStatus GatherCpu(const PagedCacheSpec& spec, const void* const* layer_caches, const int32_t* block_table,
+                       int32_t num_blocks, void* const* blocks);
 // GatherCuda: caches and blocks are device memory or mapped pinned host memory (anything the kernel
 // can address through unified addressing, e.g. gathering straight into a pinned host tier); the
 // tables are host or device memory as options.tables_on_device says. One launch for all blocks,
 // layers and pages; 16-byte loads and stores wherever the pointers and PageBytes() allow.
-KernelStatus GatherCuda(const PagedCacheSpec& spec, const void* const* layer_caches,
-                        const int32_t* block_table, int32_t num_blocks, void* const* blocks,
-                        const CudaLaunchOptions& options = {});
+KernelStatus GatherCuda(const PagedCacheSpec& spec, const void* const* layer_caches, const int32_t* block_table,
+                        int32_t num_blocks, void* const* blocks, const CudaLaunchOptions& options = {});
 
 // The inverse of Gather: writes each block's tokens into the engine pages the block table names.
 // Every page id must appear at most once in the whole table (two blocks writing one page would race);
 // pages not named are left untouched. Same shapes and memory rules as the matching Gather.
-KernelStatus ScatterCpu(const PagedCacheSpec& spec, const void* const* blocks,
-                        const int32_t* block_table, int32_t num_blocks, void* const* layer_caches);
+KernelStatus ScatterCpu(const PagedCacheSpec& spec, const void* const* blocks, const int32_t* block_table,
+                        int32_t num_blocks, void* const* layer_caches);
 // With options.tables_on_device the duplicate-page check is the caller's job.
-KernelStatus ScatterCuda(const PagedCacheSpec& spec, const void* const* blocks,
-                         const int32_t* block_table, int32_t num_blocks, void* const* layer_caches,
-                         const CudaLaunchOptions& options = {});
+KernelStatus ScatterCuda(const PagedCacheSpec& spec, const void* const* blocks, const int32_t* block_table,
+                         int32_t num_blocks, void* const* layer_caches, const CudaLaunchOptions& options = {});
 
 }  // namespace kvtier::kernels
 

@@ -48,7 +48,7 @@ inline uint16_t FloatToFp16(float f) {
   const uint32_t ax = x & 0x7FFFFFFFu;
   if (ax >= 0x7F800000u) return static_cast<uint16_t>(sign | 0x7C00u | (ax > 0x7F800000u ? 0x200u : 0u));
   if (ax >= 0x477FF000u) return static_cast<uint16_t>(sign | 0x7C00u);  // >= 65520: overflows
-  if (ax >= 0x38800000u) {                                               // >= 2^-14: normal fp16
+  if (ax >= 0x38800000u) {                                              // >= 2^-14: normal fp16
     const uint32_t mant = ax & 0x7FFFFFu;
     uint32_t h = ((((ax >> 23) - 127u + 15u)) << 10) | (mant >> 13);
     const uint32_t rem = mant & 0x1FFFu;

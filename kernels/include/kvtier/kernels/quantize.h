@@ -78,16 +78,15 @@ struct QuantSpec {
 KernelStatus QuantizeCpu(const QuantSpec& spec, const void* const* float_blocks, int32_t num_blocks,
                          void* const* quantized_blocks);
 // The inverse: quantized_blocks[b] -> float_blocks[b].
-KernelStatus DequantizeCpu(const QuantSpec& spec, const void* const* quantized_blocks,
-                           int32_t num_blocks, void* const* float_blocks);
+KernelStatus DequantizeCpu(const QuantSpec& spec, const void* const* quantized_blocks, int32_t num_blocks,
+                           void* const* float_blocks);
 
 // The same on the GPU, one launch for all blocks. Blocks are device memory (or mapped pinned host
 // memory); the pointer arrays are host or device memory as options.tables_on_device says.
 KernelStatus QuantizeCuda(const QuantSpec& spec, const void* const* float_blocks, int32_t num_blocks,
                           void* const* quantized_blocks, const CudaLaunchOptions& options = {});
-KernelStatus DequantizeCuda(const QuantSpec& spec, const void* const* quantized_blocks,
-                            int32_t num_blocks, void* const* float_blocks,
-                            const CudaLaunchOptions& options = {});
+KernelStatus DequantizeCuda(const QuantSpec& spec, const void* const* quantized_blocks, int32_t num_blocks,
+                            void* const* float_blocks, const CudaLaunchOptions& options = {});
 
 }  // namespace kvtier::kernels
 

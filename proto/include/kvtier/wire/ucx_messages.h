@@ -45,7 +45,14 @@ inline constexpr uint32_t kProtocolVersion = 1;
 
 // Active message ids (ucp_worker_set_am_recv_handler).
 enum AmId : uint16_t {
-  kHello = 1, kHelloReply = 2, kGet = 3, kPut = 4, kPutDone = 5, kRelease = 6, kLease = 7, kLeaseReply = 8
+  kHello = 1,
+  kHelloReply = 2,
+  kGet = 3,
+  kPut = 4,
+  kPutDone = 5,
+  kRelease = 6,
+  kLease = 7,
+  kLeaseReply = 8
 };
 
 inline constexpr uint32_t kTakesLeases = 1;  // kHelloReply flag

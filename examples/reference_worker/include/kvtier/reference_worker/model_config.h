@@ -41,8 +41,8 @@ struct ModelConfig {
 // block_tokens, tp 1, quant_group_size}. The codec is part of the layout, so blocks stored quantized
 // live in a different namespace from plain ones. Errors: InvalidArgument (bad config or layout, e.g.
 // quant_group_size not dividing head_dim).
-absl::StatusOr<Namespace> ModelNamespace(const ModelConfig& config, const std::string& tenant,
-                                         uint32_t block_tokens, Codec codec, uint32_t quant_group_size);
+absl::StatusOr<Namespace> ModelNamespace(const ModelConfig& config, const std::string& tenant, uint32_t block_tokens,
+                                         Codec codec, uint32_t quant_group_size);
 
 }  // namespace kvtier::reference_worker
 

@@ -21,8 +21,7 @@ class PagedKvCache {
  public:
   // All counts > 0 (checked by the caller, TinyTransformer / ReferenceWorker). Memory:
   // num_layers * 2 * num_pages * page_size * num_kv_heads * head_dim * 2 bytes, zero-filled.
-  PagedKvCache(int32_t num_layers, int32_t num_pages, int32_t page_size, int32_t num_kv_heads,
-               int32_t head_dim);
+  PagedKvCache(int32_t num_layers, int32_t num_pages, int32_t page_size, int32_t num_kv_heads, int32_t head_dim);
 
   // Takes ceil(num_tokens / page_size) pages off the free list and returns them as a page table.
   // Errors: ResourceExhausted (not enough free pages; nothing is taken), InvalidArgument (num_tokens < 0).
@@ -32,8 +31,7 @@ class PagedKvCache {
 
   // The K (kv = 0) or V (kv = 1) row of token `position` of the sequence with `page_table`, for one
   // KV head: head_dim bf16 values.
-  uint16_t* Row(int32_t layer, int32_t kv, std::span<const int32_t> page_table, int32_t position,
-                int32_t kv_head);
+  uint16_t* Row(int32_t layer, int32_t kv, std::span<const int32_t> page_table, int32_t position, int32_t kv_head);
   const uint16_t* Row(int32_t layer, int32_t kv, std::span<const int32_t> page_table, int32_t position,
                       int32_t kv_head) const;
 
@@ -55,7 +53,7 @@ class PagedKvCache {
   std::vector<std::vector<uint16_t>> layers_;  // one tensor per layer
   std::vector<void*> layer_ptrs_;
   std::vector<const void*> const_layer_ptrs_;
-  std::vector<int32_t> free_;                  // stack of free page ids
+  std::vector<int32_t> free_;  // stack of free page ids
 };
 
 }  // namespace kvtier::reference_worker

@@ -45,7 +45,7 @@ struct WorkerOptions {
 
 // What one Serve() did, for tests and the demo's timings.
 struct ServeResult {
-  std::vector<float> logits;       // of the last prompt position, vocab_size values
+  std::vector<float> logits;  // of the last prompt position, vocab_size values
   uint32_t prompt_tokens = 0;
   uint32_t full_blocks = 0;        // prompt_tokens / block_tokens
   uint32_t lookup_hit_blocks = 0;  // leading blocks LookupPrefix reported present
@@ -66,8 +66,7 @@ class ReferenceWorker {
   // Builds the model (weights from options.model.seed) and an engine cache of options.num_pages pages.
   // `client` may be null: every prompt is then recomputed and nothing is stored.
   // Errors: InvalidArgument (bad options).
-  static absl::StatusOr<std::unique_ptr<ReferenceWorker>> Create(const WorkerOptions& options,
-                                                                 client::Client* client);
+  static absl::StatusOr<std::unique_ptr<ReferenceWorker>> Create(const WorkerOptions& options, client::Client* client);
   ~ReferenceWorker();
 
   // Serves one prompt (token ids < vocab_size, at least one token) as described at the top.
@@ -83,8 +82,7 @@ class ReferenceWorker {
   const WorkerOptions& options() const { return options_; }
 
  private:
-  ReferenceWorker(const WorkerOptions& options, Namespace ns, TinyTransformer model,
-                  client::Client* client);
+  ReferenceWorker(const WorkerOptions& options, Namespace ns, TinyTransformer model, client::Client* client);
 
   WorkerOptions options_;
   Namespace ns_;

@@ -37,8 +37,7 @@ class TinyTransformer {
   // Errors: InvalidArgument (start outside [0, tokens.size()), a token id >= vocab_size, a short page
   // table, or a cache whose shape differs from the model's).
   absl::StatusOr<std::vector<float>> Prefill(std::span<const uint32_t> tokens, int32_t start,
-                                             std::span<const int32_t> page_table,
-                                             PagedKvCache& cache) const;
+                                             std::span<const int32_t> page_table, PagedKvCache& cache) const;
 
   const ModelConfig& config() const { return config_; }
   // Multiply-adds of Prefill() over [start, end): a cost figure for the demo binary.
@@ -55,7 +54,7 @@ class TinyTransformer {
   std::vector<float> embedding_;  // [vocab_size][d_model]
   std::vector<Layer> layers_;
   std::vector<float> final_norm_;
-  std::vector<float> lm_head_;    // [d_model][vocab_size]
+  std::vector<float> lm_head_;        // [d_model][vocab_size]
   std::vector<float> rope_inv_freq_;  // head_dim / 2 frequencies
 };
 

@@ -6,9 +6,9 @@
 
 #include <cstdint>
 #include <functional>
-#include <utility>
 #include <optional>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"

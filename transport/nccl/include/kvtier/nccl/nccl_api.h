@@ -53,8 +53,8 @@ class NcclApi {
   // ncclGroupEnd, on `stream` (a cudaStream_t; nullptr = the device's default stream). With a
   // non-blocking communicator the group may still be being enqueued on return: Poll() until ready.
   // Errors: Unavailable (NCCL failed).
-  virtual absl::Status GroupTransfer(CommHandle comm, TransferKind kind, std::span<const DeviceSpan> buffers,
-                                     int peer, void* stream) = 0;
+  virtual absl::Status GroupTransfer(CommHandle comm, TransferKind kind, std::span<const DeviceSpan> buffers, int peer,
+                                     void* stream) = 0;
   // A non-blocking CUDA stream on `device` (cudaStreamNonBlocking), as void*. Errors: Internal.
   virtual absl::StatusOr<void*> CreateStream(int device) = 0;
   virtual void DestroyStream(void* stream) = 0;

@@ -37,9 +37,9 @@ struct NcclServiceOptions {
   // Lease asked of the device tier per Fetch; must exceed transfer_timeout (a lease waits in the
   // sender's queue before its transfer starts). Default 30 s.
   absl::Duration lease_ttl = absl::Seconds(30);
-  uint32_t max_workers = 256;           // live communicators; more Bootstraps get RESOURCE_EXHAUSTED
+  uint32_t max_workers = 256;  // live communicators; more Bootstraps get RESOURCE_EXHAUSTED
   uint32_t max_blocks_per_fetch = 4096;
-  NcclChannelOptions channel;            // polling interval, clock and sleep of every communicator
+  NcclChannelOptions channel;  // polling interval, clock and sleep of every communicator
 
   // Errors: InvalidArgument naming the field.
   absl::Status Validate() const;
@@ -47,19 +47,19 @@ struct NcclServiceOptions {
 
 // Monotonic counters.
 struct NcclServiceStats {
-  std::atomic<uint64_t> communicators{0};      // communicators created (first bootstraps and resets)
-  std::atomic<uint64_t> reuses{0};             // Bootstraps answered with the live communicator
-  std::atomic<uint64_t> aborts{0};             // communicators aborted (init or transfer failure/timeout)
-  std::atomic<uint64_t> fetches{0};            // Fetch calls that queued a transfer (>= 1 block sent)
-  std::atomic<uint64_t> sent_blocks{0};        // blocks whose grouped send completed
+  std::atomic<uint64_t> communicators{0};  // communicators created (first bootstraps and resets)
+  std::atomic<uint64_t> reuses{0};         // Bootstraps answered with the live communicator
+  std::atomic<uint64_t> aborts{0};         // communicators aborted (init or transfer failure/timeout)
+  std::atomic<uint64_t> fetches{0};        // Fetch calls that queued a transfer (>= 1 block sent)
+  std::atomic<uint64_t> sent_blocks{0};    // blocks whose grouped send completed
   std::atomic<uint64_t> sent_bytes{0};
-  std::atomic<uint64_t> failed_blocks{0};      // blocks announced but not sent (timeout, abort, reset)
+  std::atomic<uint64_t> failed_blocks{0};  // blocks announced but not sent (timeout, abort, reset)
 };
 
 // What the service knows of one worker's communicator.
 struct NcclSessionInfo {
   uint64_t generation = 0;
-  bool failed = false;          // init or a transfer failed or timed out; the communicator is aborted
+  bool failed = false;  // init or a transfer failed or timed out; the communicator is aborted
   uint64_t queued_transfers = 0;
 };
 

@@ -25,9 +25,9 @@
 namespace kvtier::nccl {
 
 struct NcclWorkerOptions {
-  std::string server_address;  // host:port of the server's gRPC endpoint; required
-  std::string worker_id;       // unique per worker process and GPU, 1..255 bytes; required
-  int32_t device = 0;          // CUDA device of this worker's buffers. Default 0
+  std::string server_address;                           // host:port of the server's gRPC endpoint; required
+  std::string worker_id;                                // unique per worker process and GPU, 1..255 bytes; required
+  int32_t device = 0;                                   // CUDA device of this worker's buffers. Default 0
   absl::Duration rpc_timeout = absl::Seconds(2);        // deadline of each Bootstrap / Fetch RPC
   absl::Duration init_timeout = absl::Seconds(30);      // the communicator must be ready by then
   absl::Duration transfer_timeout = absl::Seconds(10);  // one grouped receive must complete by then
@@ -47,8 +47,8 @@ enum class NcclFetchResult : uint8_t {
 const char* NcclFetchResultName(NcclFetchResult r);
 
 struct NcclWorkerStats {
-  std::atomic<uint64_t> bootstraps{0};   // Bootstrap RPCs answered (first ones and re-bootstraps)
-  std::atomic<uint64_t> aborts{0};       // communicators this worker aborted (error or timeout)
+  std::atomic<uint64_t> bootstraps{0};  // Bootstrap RPCs answered (first ones and re-bootstraps)
+  std::atomic<uint64_t> aborts{0};      // communicators this worker aborted (error or timeout)
   std::atomic<uint64_t> hit_blocks{0};
   std::atomic<uint64_t> hit_bytes{0};
   std::atomic<uint64_t> error_blocks{0};
