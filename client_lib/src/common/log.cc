@@ -30,9 +30,8 @@ bool SetLogLevel(const std::string& level) {
 }
 
 bool RateLimit::Allow(uint64_t* suppressed) {
-  const int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                          std::chrono::steady_clock::now().time_since_epoch())
-                          .count();
+  const int64_t now =
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch()).count();
   int64_t next = next_ns_.load(std::memory_order_relaxed);
   if (now < next || !next_ns_.compare_exchange_strong(next, now + interval_ns_, std::memory_order_relaxed)) {
     held_.fetch_add(1, std::memory_order_relaxed);

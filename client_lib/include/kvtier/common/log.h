@@ -47,18 +47,18 @@ class RateLimit {
 
 // At most one line per `interval` (a std::chrono duration) from this call site; a line after a quiet
 // spell says how many were held back.
-#define KVTIER_LOG_EVERY(interval, lvl, ...)                                                           \
-  do {                                                                                                   \
-    static ::kvtier::log::RateLimit kvtier_rate_limit_(interval);                                       \
-    uint64_t kvtier_held_ = 0;                                                                           \
-    if (kvtier_rate_limit_.Allow(&kvtier_held_)) {                                                      \
-      if (kvtier_held_ == 0) {                                                                           \
-        KVTIER_LOG(lvl, __VA_ARGS__);                                                                  \
-      } else {                                                                                           \
-        ::kvtier::log::Logger().log(::spdlog::level::lvl, "{} ({} similar lines held back)",           \
-                                    ::fmt::format(__VA_ARGS__), kvtier_held_);                           \
-      }                                                                                                  \
-    }                                                                                                    \
+#define KVTIER_LOG_EVERY(interval, lvl, ...)                                                 \
+  do {                                                                                       \
+    static ::kvtier::log::RateLimit kvtier_rate_limit_(interval);                            \
+    uint64_t kvtier_held_ = 0;                                                               \
+    if (kvtier_rate_limit_.Allow(&kvtier_held_)) {                                           \
+      if (kvtier_held_ == 0) {                                                               \
+        KVTIER_LOG(lvl, __VA_ARGS__);                                                        \
+      } else {                                                                               \
+        ::kvtier::log::Logger().log(::spdlog::level::lvl, "{} ({} similar lines held back)", \
+                                    ::fmt::format(__VA_ARGS__), kvtier_held_);               \
+      }                                                                                      \
+    }                                                                                        \
   } while (0)
 
 #endif  // KVTIER_COMMON_LOG_H_
