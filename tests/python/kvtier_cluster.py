@@ -55,6 +55,10 @@ class Server:
                 "--metrics_address=none",
                 f"--port_file={self.port_file}",
                 f"--host_cache_bytes={host_cache_bytes}",
+                # 16 slabs of 8 MiB: every block size the suites use (KV pages, and the extra pools of a
+                # hybrid model, each a size of its own) gets slabs without evicting another size's.
+                "--slab_bytes=8MiB",
+                "--max_block_bytes=8MiB",
             ],
             stdout=self._log,
             stderr=subprocess.STDOUT,

@@ -1,248 +1,38 @@
-"""kvtier.adapters.sglang.KvtierHiCacheStorage driven by a stand-in for SGLang's HiCacheController.
-
-SGLang cannot be installed here. The stand-in below makes the calls the controller makes
-(python/sglang/srt/managers/cache_controller.py), in the same order: the dynamic backend factory's
-constructor call, register_mem_pool_host, page hashes chained per page, batch_exists in batches of
-STORAGE_BATCH_SIZE stopping at the first short batch, a min-reduce of the hit count over TP ranks,
-then batch_get_v1 (zero copy, "interface_v1") or batch_get + set_from_flat_data_page (generic) per
-batch, and batch_set_v1 / batch_set for backups. The host pools mirror MHATokenToKVPoolHost and
-MLATokenToKVPoolHost in the "page_first" layout, including get_page_buffer_meta's K/V pointer pairs.
+"""kvtier.adapters.sglang.KvtierHiCacheStorage driven by a stand-in for SGLang's HiCacheController
+(sglang_standin.py): the v1 zero-copy and generic calls, and the pool-aware v2 calls of hybrid models
+with extra pools under both hit policies, including a writer killed between an entry's extra-pool
+pages and its KV page.
 """
 
-import dataclasses
-import hashlib
-import importlib
+import os
+import signal
+import subprocess
+import sys
+import time
 import unittest
-from typing import List, Optional
 
 import numpy as np
 
 import kvtier
 import kvtier_cluster
+from sglang_standin import (
+    HYBRID_PAGE,
+    HiCacheStorageConfig,
+    MHAHostPool,
+    MLAHostPool,
+    PoolHitPolicy,
+    PoolName,
+    PoolTransfer,
+    StandInController,
+    expected_page,
+    hybrid_extra_config,
+    hybrid_prompt,
+    make_hybrid_controller,
+    prefetch_all_ranks,
+    write_hybrid_prompt,
+)
 
-STORAGE_BATCH_SIZE = 128  # sglang.srt.mem_cache.hicache_storage.STORAGE_BATCH_SIZE
-
-
-@dataclasses.dataclass
-class HiCacheStorageConfig:  # the fields of sglang's HiCacheStorageConfig that a backend reads
-    tp_rank: int
-    tp_size: int
-    is_mla_model: bool
-    model_name: Optional[str]
-    is_page_first_layout: bool = True
-    pp_rank: int = 0
-    pp_size: int = 1
-    extra_config: Optional[dict] = None
-
-
-@dataclasses.dataclass
-class HiCacheStorageExtraInfo:
-    prefix_keys: Optional[List[str]] = None
-    extra_info: Optional[dict] = None
-
-
-class MHAHostPool:
-    """MHATokenToKVPoolHost, layout page_first: kv_buffer [2, size, layer_num, head_num, head_dim]."""
-
-    layout = "page_first"
-    dtype = "bfloat16"
-
-    def __init__(self, pages, page_size, layer_num, head_num, head_dim):
-        self.page_size, self.layer_num, self.head_num, self.head_dim = page_size, layer_num, head_num, head_dim
-        self.size = pages * page_size
-        self.kv_buffer = np.zeros((2, self.size, layer_num, head_num, head_dim), np.uint16)
-        self._free = list(range(0, self.size, page_size))
-
-    def alloc(self, num_tokens):
-        pages = [self._free.pop(0) for _ in range(num_tokens // self.page_size)]
-        return np.array([p + i for p in pages for i in range(self.page_size)], np.int64)
-
-    def _token_bytes(self):
-        return self.layer_num * self.head_num * self.head_dim * 2
-
-    def get_page_buffer_meta(self, indices):
-        base = self.kv_buffer.ctypes.data
-        v_offset = self.size * self._token_bytes()
-        ptrs = []
-        for i in range(0, len(indices), self.page_size):
-            k_ptr = base + int(indices[i]) * self._token_bytes()
-            ptrs += [k_ptr, k_ptr + v_offset]
-        return ptrs, [self.page_size * self._token_bytes()] * len(ptrs)
-
-    def get_data_page(self, index, flat=True):
-        page = self.kv_buffer[:, index:index + self.page_size]
-        return page.flatten() if flat else page
-
-    def get_dummy_flat_data_page(self):
-        return np.zeros(2 * self.page_size * self.layer_num * self.head_num * self.head_dim, np.uint16)
-
-    def set_from_flat_data_page(self, index, data_page):
-        self.kv_buffer[:, index:index + self.page_size] = data_page.reshape(
-            2, self.page_size, self.layer_num, self.head_num, self.head_dim)
-
-    def page(self, index):
-        return self.kv_buffer[:, index:index + self.page_size].copy()
-
-    def fill(self, index, seed):
-        rng = np.random.default_rng(seed)
-        self.kv_buffer[:, index:index + self.page_size] = rng.integers(
-            0, 1 << 16, size=self.kv_buffer[:, index:index + self.page_size].shape, dtype=np.uint16)
-
-
-class MLAHostPool(MHAHostPool):
-    """MLATokenToKVPoolHost, layout page_first: kv_buffer [size, layer_num, 1, kv_lora_rank + rope]."""
-
-    def __init__(self, pages, page_size, layer_num, kv_lora_rank, qk_rope_head_dim):
-        self.page_size, self.layer_num = page_size, layer_num
-        self.kv_lora_rank, self.qk_rope_head_dim = kv_lora_rank, qk_rope_head_dim
-        self.size = pages * page_size
-        self.kv_buffer = np.zeros((self.size, layer_num, 1, kv_lora_rank + qk_rope_head_dim), np.uint16)
-        self._free = list(range(0, self.size, page_size))
-
-    def _token_bytes(self):
-        return self.layer_num * (self.kv_lora_rank + self.qk_rope_head_dim) * 2
-
-    def get_page_buffer_meta(self, indices):
-        base = self.kv_buffer.ctypes.data
-        ptrs = [base + int(indices[i]) * self._token_bytes() for i in range(0, len(indices), self.page_size)]
-        return ptrs, [self.page_size * self._token_bytes()] * len(ptrs)
-
-    def get_data_page(self, index, flat=True):
-        page = self.kv_buffer[index:index + self.page_size]
-        return page.flatten() if flat else page
-
-    def get_dummy_flat_data_page(self):
-        return np.zeros(self.page_size * self._token_bytes() // 2, np.uint16)
-
-    def set_from_flat_data_page(self, index, data_page):
-        self.kv_buffer[index:index + self.page_size] = data_page.reshape(self.kv_buffer[index:index + self.page_size].shape)
-
-    def page(self, index):
-        return self.kv_buffer[index:index + self.page_size].copy()
-
-    def fill(self, index, seed):
-        rng = np.random.default_rng(seed)
-        self.kv_buffer[index:index + self.page_size] = rng.integers(
-            0, 1 << 16, size=self.kv_buffer[index:index + self.page_size].shape, dtype=np.uint16)
-
-
-def get_hash_str(token_ids, prior_hash=None):
-    """SGLang's page key: SHA-256 over the previous page's hash and this page's token ids, hex."""
-    h = hashlib.sha256()
-    if prior_hash:
-        h.update(bytes.fromhex(prior_hash))
-    for t in token_ids:
-        h.update(int(t).to_bytes(4, "little", signed=False))
-    return h.hexdigest()
-
-
-class StandInController:
-    """The storage half of one TP rank's HiCacheController."""
-
-    def __init__(self, extra_config, storage_config, host_pool):
-        # StorageBackendFactory._create_dynamic_backend: import, then backend_class(storage_config, kwargs).
-        module = importlib.import_module(extra_config["module_path"])
-        backend_class = getattr(module, extra_config["class_name"])
-        self.storage_config = storage_config
-        self.storage_backend = backend_class(storage_config, {})
-        self.storage_backend.register_mem_pool_host(host_pool)
-        self.mem_pool_host = host_pool
-        self.page_size = host_pool.page_size
-        self.backup_skip = storage_config.is_mla_model and storage_config.tp_rank != 0
-        if bool(extra_config.get("interface_v1", 0)):
-            self.page_get_func, self.page_set_func = self._page_get_zero_copy, self._page_set_zero_copy
-        else:
-            self.page_get_func, self.page_set_func = self._generic_page_get, self._generic_page_set
-
-    def page_hashes(self, token_ids, last_hash=None):
-        hashes = []
-        for i in range(0, len(token_ids) - len(token_ids) % self.page_size, self.page_size):
-            last_hash = get_hash_str(token_ids[i:i + self.page_size], last_hash)
-            hashes.append(last_hash)
-        return hashes
-
-    # -- backup (write_storage -> backup_thread_func -> _page_backup) --------------------------------
-
-    def _generic_page_set(self, hash_values, host_indices, extra_info=None):
-        data = [self.mem_pool_host.get_data_page(host_indices[i * self.page_size]) for i in range(len(hash_values))]
-        return self.storage_backend.batch_set(hash_values, data)
-
-    def _page_set_zero_copy(self, hash_values, host_indices, extra_info=None):
-        return all(self.storage_backend.batch_set_v1(hash_values, host_indices, extra_info))
-
-    def backup(self, host_indices, token_ids):
-        if self.backup_skip:
-            return 0
-        hash_value = self.page_hashes(token_ids)
-        completed_tokens = 0
-        for i in range(0, len(hash_value), STORAGE_BATCH_SIZE):
-            batch_hashes = hash_value[i:i + STORAGE_BATCH_SIZE]
-            batch_host_indices = host_indices[i * self.page_size:(i + len(batch_hashes)) * self.page_size]
-            extra_info = HiCacheStorageExtraInfo(prefix_keys=None)
-            if not self.page_set_func(batch_hashes, batch_host_indices, extra_info):
-                break
-            completed_tokens += self.page_size * len(batch_hashes)
-        return completed_tokens
-
-    # -- prefetch (prefetch_thread_func -> _storage_hit_query; prefetch_io_aux_func -> _page_transfer) --
-
-    def storage_hit_query(self, token_ids):
-        prefetch_length = len(token_ids) - len(token_ids) % self.page_size  # HiRadixCache.prefetch_from_storage
-        page_hashes = self.page_hashes(token_ids[:prefetch_length])
-        hash_value, storage_query_count = [], 0
-        for start in range(0, len(page_hashes), STORAGE_BATCH_SIZE):
-            batch_hashes = page_hashes[start:start + STORAGE_BATCH_SIZE]
-            hit_page_num = self.storage_backend.batch_exists(batch_hashes, HiCacheStorageExtraInfo())
-            hash_value.extend(batch_hashes[:hit_page_num])
-            storage_query_count += hit_page_num * self.page_size
-            if hit_page_num < len(batch_hashes):
-                break
-        return hash_value, storage_query_count
-
-    def _page_get_zero_copy(self, hash_values, host_indices, extra_info=None):
-        results = self.storage_backend.batch_get_v1(hash_values, host_indices, extra_info)
-        inc = 0
-        for ok in results:
-            if not ok:
-                break
-            inc += 1
-        return inc
-
-    def _generic_page_get(self, hash_values, host_indices, extra_info=None):
-        dummy_page_dst = [self.mem_pool_host.get_dummy_flat_data_page() for _ in hash_values]
-        page_data = self.storage_backend.batch_get(hash_values, dummy_page_dst)
-        count = 0
-        for i in range(len(hash_values)):
-            if page_data[i] is None:
-                break
-            self.mem_pool_host.set_from_flat_data_page(host_indices[i * self.page_size], page_data[i])
-            count += 1
-        return count
-
-    def page_transfer(self, hash_value, host_indices):
-        completed_pages = 0
-        for i in range(0, len(hash_value), STORAGE_BATCH_SIZE):
-            batch_hashes = hash_value[i:i + STORAGE_BATCH_SIZE]
-            batch_host_indices = host_indices[i * self.page_size:(i + len(batch_hashes)) * self.page_size]
-            hit_pages = self.page_get_func(batch_hashes, batch_host_indices, HiCacheStorageExtraInfo())
-            completed_pages += hit_pages
-            if hit_pages != len(batch_hashes):
-                break
-        return completed_pages * self.page_size
-
-
-def prefetch_all_ranks(controllers, token_ids):
-    """What the ranks agree on: each queries storage, the hit count is min-reduced, each loads that much."""
-    queries = [c.storage_hit_query(token_ids) for c in controllers]
-    storage_hit_count = min(count for _, count in queries)
-    out = []
-    for c, (hash_value, _) in zip(controllers, queries):
-        hash_value = hash_value[: storage_hit_count // c.page_size]
-        host_indices = c.mem_pool_host.alloc(storage_hit_count)
-        completed = c.page_transfer(hash_value, host_indices)
-        out.append((completed, host_indices))
-    return storage_hit_count, out
-
+WRITER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sglang_hybrid_writer.py")
 
 class SGLangAdapterTest(unittest.TestCase):
     PAGE = 4
@@ -373,6 +163,199 @@ class SGLangAdapterTest(unittest.TestCase):
         idx = c.mem_pool_host.alloc(self.PAGE)
         with self.assertLogs("kvtier.adapters", level="ERROR"):
             self.assertEqual(c.storage_backend.batch_set_v1(c.page_hashes(list(range(self.PAGE))), idx), [False])
+
+
+
+class SGLangHybridTest(unittest.TestCase):
+    """The v2 calls with two extra pools: Mamba states (TRAILING_PAGES) and indexer pages (ALL_PAGES)."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.members = kvtier_cluster.shared_members()
+
+    def controller(self, tenant, zero_copy=True, **kwargs):
+        c = make_hybrid_controller(hybrid_extra_config(self.members, tenant, zero_copy), **kwargs)
+        self.addCleanup(c.storage_backend.close)
+        return c
+
+    def assert_loaded(self, reader, writer, seed, hit_pages, kv_indices, transfers, results):
+        """The reader holds the writer's pages (contents from `seed`): KV pages [0, hit_pages) at
+        kv_indices, and each extra pool's pages named by its transfer's keys in its host slots."""
+        for p in range(hit_pages):
+            np.testing.assert_array_equal(reader.mem_pool_host.page(int(kv_indices[p * HYBRID_PAGE])),
+                                          expected_page(writer, "kv", seed, p), err_msg=f"kv page {p}")
+        hashes = reader.page_hashes(self.tokens)[:hit_pages]
+        for t in transfers:
+            name = t.name.value
+            self.assertEqual(results[name], [True] * len(t.keys), name)
+            pool = reader.extra_pools[name][0]
+            for k, key in enumerate(t.keys):
+                page = hashes.index(key)
+                slot = int(t.host_indices[k * pool.page_size])
+                np.testing.assert_array_equal(pool.page(slot), expected_page(writer, name, seed, page),
+                                              err_msg=f"{name} page {page}")
+
+    def round_trip(self, zero_copy):
+        tenant = kvtier_cluster.unique("sgl-hybrid")
+        writer = self.controller(tenant, zero_copy)
+        self.tokens = hybrid_prompt(0, pages=10)
+        results, completed = write_hybrid_prompt(writer, self.tokens, seed=7)
+        self.assertEqual(results, {"mamba": [True], "indexer": [True] * 10})
+        self.assertEqual(completed, 10 * HYBRID_PAGE)
+        reader = self.controller(tenant, zero_copy)
+        hit, completed, kv_idx, transfers, results = reader.prefetch_hybrid(self.tokens)
+        self.assertEqual((hit, completed), (10, 10 * HYBRID_PAGE))
+        self.assert_loaded(reader, writer, 7, hit, kv_idx, transfers, results)
+
+    def test_zero_copy_round_trip_with_two_extra_pools(self):
+        self.round_trip(zero_copy=True)
+
+    def test_generic_round_trip_with_two_extra_pools(self):
+        self.round_trip(zero_copy=False)
+
+    def test_all_pages_pool_cuts_the_prefix_at_its_first_missing_page(self):
+        tenant = kvtier_cluster.unique("sgl-all-pages")
+        writer = self.controller(tenant)
+        self.tokens = hybrid_prompt(0, pages=10)
+        write_hybrid_prompt(writer, self.tokens, seed=3, mamba_pages=[3, 5, 9], indexer_pages=range(6))
+        hashes = writer.page_hashes(self.tokens)
+        backend = writer.storage_backend
+        self.assertEqual(backend.batch_exists(hashes), 10)  # every KV page is there ...
+        mamba = PoolTransfer(name=PoolName.MAMBA, keys=hashes[-1:], hit_policy=PoolHitPolicy.TRAILING_PAGES)
+        indexer = PoolTransfer(name=PoolName.INDEXER, keys=hashes, hit_policy=PoolHitPolicy.ALL_PAGES)
+        result = backend.batch_exists_v2(hashes, [mamba, indexer])
+        self.assertEqual(result.kv_hit_pages, 6)  # ... but indexer pages exist only for pages 0..5
+        self.assertEqual(result.extra_pool_hit_pages, {"kv": 10, "mamba": 10, "indexer": 6})
+        self.assertEqual(backend.batch_exists_v2(hashes, [indexer]).kv_hit_pages, 6)
+        # Mamba states after pages 3 and 5 only: a 6-page prefix ends on one, so it is usable as a whole.
+        reader = self.controller(tenant)
+        hit, completed, kv_idx, transfers, results = reader.prefetch_hybrid(self.tokens)
+        self.assertEqual((hit, completed), (6, 6 * HYBRID_PAGE))
+        self.assert_loaded(reader, writer, 3, hit, kv_idx, transfers, results)
+
+    def test_trailing_pages_pool_needs_only_the_pages_at_the_end_of_the_prefix(self):
+        tenant = kvtier_cluster.unique("sgl-trailing")
+        writer = self.controller(tenant)
+        self.tokens = hybrid_prompt(0, pages=12)
+        # An 8-page request stored its state after page 7; this 12-page one, after page 11.
+        write_hybrid_prompt(writer, self.tokens, seed=5, mamba_pages=[7, 11])
+        hashes = writer.page_hashes(self.tokens)
+        backend = writer.storage_backend
+
+        def usable(n_pages, trailing):
+            t = PoolTransfer(name=PoolName.MAMBA, keys=hashes[n_pages - trailing:n_pages],
+                             hit_policy=PoolHitPolicy.TRAILING_PAGES)
+            return backend.batch_exists_v2(hashes[:n_pages], [t]).kv_hit_pages
+
+        self.assertEqual(usable(12, 1), 12)
+        self.assertEqual(usable(11, 1), 8)  # the 11-page prefix has no state of its own: back off to 8
+        self.assertEqual(usable(7, 1), 0)  # no state at or before page 6
+        # The controller's prefetch of the 11-page prefix loads 8 pages and the state after page 7.
+        reader = self.controller(tenant)
+        full = self.tokens
+        self.tokens = full[:11 * HYBRID_PAGE]
+        hit, completed, kv_idx, transfers, results = reader.prefetch_hybrid(self.tokens)
+        self.assertEqual((hit, completed), (8, 8 * HYBRID_PAGE))
+        self.assertEqual([t.keys for t in transfers if t.name == PoolName.MAMBA], [[hashes[7]]])
+        self.assert_loaded(reader, writer, 5, hit, kv_idx, transfers, results)
+        # A 2-page window (sliding-window attention) needs the pages at both ends of the prefix.
+        self.assertEqual(usable(12, 2), 0)  # pages 10 and 11, or 6 and 7, ...: 10 and 6 are missing
+        write_hybrid_prompt(writer, full, seed=5, mamba_pages=[10])
+        self.assertEqual(usable(12, 2), 12)
+        self.assertEqual(usable(11, 2), 0)  # pages 9 and 10
+
+    def test_kv_page_whose_extra_page_failed_is_not_written(self):
+        tenant = kvtier_cluster.unique("sgl-blocked")
+        c = self.controller(tenant)
+        self.tokens = hybrid_prompt(0, pages=4)
+        hashes = c.page_hashes(self.tokens)
+        bad = PoolTransfer(name=PoolName.INDEXER, keys=hashes[2:3], host_indices=[0],  # 1 slot for a 4-slot page
+                           hit_policy=PoolHitPolicy.ALL_PAGES)
+        with self.assertLogs("kvtier.adapters", level="ERROR"):
+            self.assertEqual(c.storage_backend.batch_set_v2([bad]), {"indexer": [False]})
+        kv_idx = c.mem_pool_host.alloc(4 * HYBRID_PAGE)
+        self.assertEqual(c.storage_backend.batch_set_v1(hashes, kv_idx), [True, True, False, True])
+        self.assertEqual(c.storage_backend.batch_exists(hashes), 2)
+        # Only once: a later backup of that page (its extra pages now written) stores it.
+        self.assertEqual(c.storage_backend.batch_set_v1(hashes[2:3], kv_idx[2 * HYBRID_PAGE:3 * HYBRID_PAGE]), [True])
+
+    def test_unregistered_pool_is_never_a_hit(self):
+        c = self.controller(kvtier_cluster.unique("sgl-unregistered"))
+        self.tokens = hybrid_prompt(0, pages=3)
+        write_hybrid_prompt(c, self.tokens, seed=1)
+        hashes = c.page_hashes(self.tokens)
+        swa = PoolTransfer(name=PoolName.SWA, keys=hashes[-2:], hit_policy=PoolHitPolicy.TRAILING_PAGES)
+        with self.assertLogs("kvtier.adapters", level="WARNING"):
+            self.assertEqual(c.storage_backend.batch_exists_v2(hashes, [swa]).kv_hit_pages, 0)
+
+    # -- a writer process killed part-way --------------------------------------------------------------
+
+    def start_writer(self, tenant, mode):
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+            [os.path.dirname(WRITER)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
+        proc = subprocess.Popen([sys.executable, WRITER, ",".join(self.members), tenant, mode],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, text=True)
+        def stop():
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+            proc.stdin.close()
+            proc.stdout.close()
+
+        self.addCleanup(stop)
+        return proc
+
+    def test_writer_killed_between_extra_pages_and_kv_pages_leaves_no_partial_entry(self):
+        tenant = kvtier_cluster.unique("sgl-killed")
+        proc = self.start_writer(tenant, "pause")
+        self.assertEqual(proc.stdout.readline().strip(), "paused")  # prompt 0 done, its extension's extras written
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        reader = self.controller(tenant)
+        self.tokens = hybrid_prompt(0, pages=9)
+        hashes = reader.page_hashes(self.tokens)
+        backend = reader.storage_backend
+        # The extension's extra-pool pages made it ...
+        probe = kvtier.Client(self.members)
+        self.addCleanup(probe.close)
+        mamba = backend._extra_pools["mamba"]
+        self.assertEqual(probe.lookup_detail(mamba.ns, backend._pool_fingerprints(mamba, hashes)).present,
+            [False] * 5 + [True] + [False] * 2 + [True])
+        # ... its KV pages did not, and no lookup finds pages 6..8: only prompt 0's complete entries.
+        self.assertEqual(backend.batch_exists(hashes), 6)
+        hit, completed, kv_idx, transfers, results = reader.prefetch_hybrid(self.tokens)
+        self.assertEqual((hit, completed), (6, 6 * HYBRID_PAGE))
+        self.assert_loaded(reader, reader, 0, hit, kv_idx, transfers, results)
+
+    def test_writer_killed_at_any_moment_never_leaves_a_partial_entry(self):
+        tenant = kvtier_cluster.unique("sgl-killed-any")
+        proc = self.start_writer(tenant, "stream")
+        for _ in range(12):  # let it get going, then kill it wherever it is
+            self.assertTrue(proc.stdout.readline().startswith("done"))
+        time.sleep(0.003 * (os.getpid() % 10))
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        reader = self.controller(tenant, pages=4096)
+        backend = reader.storage_backend
+        probe = kvtier.Client(self.members)
+        self.addCleanup(probe.close)
+        complete, partial = 0, 0
+        for j in range(40):
+            self.tokens = hybrid_prompt(j)
+            hashes = reader.page_hashes(self.tokens)
+            kv = probe.lookup_detail(backend.ns, backend._fingerprints(hashes)).present
+            indexer_pool = backend._extra_pools["indexer"]
+            indexer = probe.lookup_detail(indexer_pool.ns, backend._pool_fingerprints(indexer_pool, hashes)).present
+            for p, (has_kv, has_indexer) in enumerate(zip(kv, indexer)):
+                self.assertTrue(has_indexer or not has_kv, f"prompt {j} page {p}: a KV page without its indexer page")
+            hit, completed, kv_idx, transfers, results = reader.prefetch_hybrid(self.tokens)
+            self.assertEqual(completed, hit * HYBRID_PAGE)
+            if hit:
+                self.assert_loaded(reader, reader, j, hit, kv_idx, transfers, results)
+            complete += hit == 6
+            partial += 0 < hit < 6
+        self.assertGreaterEqual(complete, 12)
+        self.assertEqual(partial, 0)  # a prompt's last page carries its only Mamba state: all or nothing
 
 
 if __name__ == "__main__":
