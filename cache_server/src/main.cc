@@ -1,11 +1,13 @@
 // kvtier-server: one kvtier cache server. Flags override the YAML config (--config); see docs/config.md.
 #include <csignal>
 #include <cstdio>
+#include <string>
 #include <thread>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
 #include "absl/strings/str_cat.h"
 #include "kvtier/server/server.h"
 
@@ -54,6 +56,9 @@ bool OverrideBytes(const absl::Flag<std::string>& flag, const char* name, uint64
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("kvtier cache server. Usage: kvtier-server --config=FILE [--flag=value...]");
+  absl::FlagsUsageConfig usage;
+  usage.version_string = [] { return std::string("kvtier-server " KVTIER_VERSION "\n"); };  // --version
+  absl::SetFlagsUsageConfig(usage);
   absl::ParseCommandLine(argc, argv);
 
   // SIGTERM and SIGINT are taken by a waiting thread, so no handler runs inside gRPC's threads.
