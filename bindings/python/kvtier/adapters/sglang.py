@@ -310,8 +310,6 @@ class KvtierHiCacheStorage(_Base):
             if self.mem_pool_host is None:
                 self.register_mem_pool_host(host_pool)
             return
-        if self.ns is None:
-            raise RuntimeError("kvtier: register_mem_pool_host() must be called before register_mem_host_pool_v2()")
         page = host_pool.get_dummy_flat_data_page()
         page_bytes = int(page.nbytes) if hasattr(page, "nbytes") else int(page.numel() * page.element_size())
         replicated = self._is_mla and name not in self._sharded_pools
