@@ -11,7 +11,7 @@
 #   4. `pip install ./bindings/python` (offline: --no-index --no-build-isolation, in a venv over
 #      Debian's Python) installs a module that talks to the server.
 # Prints the seconds each step took. Usage: scripts/package-check.sh [cmake -D arguments for step 1]
-# (root for step 3).
+# (step 3 runs apt-get: as root, or with sudo).
 # KVTIER_PACKAGE_DEB=0 skips step 3 (it installs into /usr); KVTIER_JOBS sets build jobs (default 2).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -22,12 +22,14 @@ WORK=$(mktemp -d /tmp/kvtier-package.XXXXXX)
 PREFIX=$WORK/prefix
 SERVER_PID=""
 DEBS_INSTALLED=0
+SUDO=""
+if [[ $(id -u) -ne 0 ]]; then SUDO="sudo"; fi
 export UCX_NET_DEVICES=lo
 
 cleanup() {
   if [[ -n $SERVER_PID ]]; then kill "$SERVER_PID" 2>/dev/null || true; wait "$SERVER_PID" 2>/dev/null || true; fi
   if ((DEBS_INSTALLED)); then
-    DEBIAN_FRONTEND=noninteractive apt-get purge -y -qq kvtier-server libkvtier-dev libkvtier0 >/dev/null || true
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get purge -y -qq kvtier-server libkvtier-dev libkvtier0 >/dev/null || true
   fi
   rm -rf "$WORK"
 }
@@ -45,10 +47,12 @@ step() {  # step NAME: report the previous step's time, start timing the next
 }
 
 step "configure and build ($BUILD)"
+# The venv of step 4, made first so that this tree is configured for its interpreter as setup.py will.
+/usr/bin/python3 -m venv --system-site-packages --without-pip "$WORK/venv"  # Debian's pip, from the system site
 generator=(-G Ninja)
 cmake -S . -B "$BUILD" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release -DCMAKE_INSTALL_PREFIX=/usr \
   -DKVTIER_BUILD_TESTS=OFF -DKVTIER_BUILD_BENCH=OFF -DKVTIER_BUILD_PYTHON=ON -DKVTIER_WITH_CUDA=OFF \
-  -DKVTIER_PYTHON_EXECUTABLE=/usr/bin/python3 "$@" >/dev/null
+  -DKVTIER_PYTHON_EXECUTABLE="$WORK/venv/bin/python" "$@" >/dev/null
 # Only what is installed, and the Python module (neither tests, examples nor the header check).
 cmake --build "$BUILD" -j "$JOBS" --target kvtier-server kvtierctl kvtier_client_shared kvtier_client_static kvtier_c \
   kvtier_python
@@ -96,13 +100,14 @@ cc -std=c99 -Wall -Wextra -Werror examples/c_client/main.c -o "$WORK/c_client_pc
 c++ -std=c++20 -Wall -Wextra -Werror examples/cpp_client/main.cc -o "$WORK/cpp_client_pc" \
   $(pkg-config --cflags --libs kvtier-client) -Wl,-rpath,"$LIBDIR"
 for bin in "$WORK/cpp/cpp_client" "$WORK/c/c_client" "$WORK/c_client_pc" "$WORK/cpp_client_pc"; do
-  if ! ldd "$bin" | grep -q "$LIBDIR/libkvtier"; then
+  libs=$(ldd "$bin")  # not piped into grep -q: its early exit would fail ldd (pipefail)
+  if [[ $libs != *"$LIBDIR/libkvtier"* ]]; then
     echo "package-check: $bin does not load kvtier from the prefix:" >&2
-    ldd "$bin" >&2
+    echo "$libs" >&2
     exit 1
   fi
 done
-if ldd "$WORK/cpp-static/cpp_client" | grep -q libkvtier; then
+if [[ $(ldd "$WORK/cpp-static/cpp_client") == *libkvtier* ]]; then
   echo "package-check: the static cpp_client loads a kvtier shared library" >&2
   exit 1
 fi
@@ -130,18 +135,17 @@ if [[ ${KVTIER_PACKAGE_DEB:-1} != 0 ]]; then
     fi
   done
   DEBS_INSTALLED=1
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$WORK"/debs/*.deb >/dev/null
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "$WORK"/debs/*.deb >/dev/null
   /usr/bin/kvtier-server --version | grep -qx "kvtier-server $(awk -F'[ ()]+' '/^project\(kvtier VERSION/ {print $4}' CMakeLists.txt)"
   /usr/bin/kvtierctl --help >/dev/null
   pkg-config --exists kvtier kvtier-client
   example examples/c_client "$WORK/c-system"  # the packaged CMake package, found without a prefix path
   "$WORK/c-system/c_client" "$ADDRESS"
-  DEBIAN_FRONTEND=noninteractive apt-get purge -y -qq kvtier-server libkvtier-dev libkvtier0 >/dev/null
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get purge -y -qq kvtier-server libkvtier-dev libkvtier0 >/dev/null
   DEBS_INSTALLED=0
 fi
 
 step "pip install ./bindings/python (offline, venv over Debian's Python)"
-/usr/bin/python3 -m venv --system-site-packages --without-pip "$WORK/venv"  # Debian's pip, from the system site
 CMAKE_BUILD_PARALLEL_LEVEL=$JOBS "$WORK/venv/bin/python" -m pip install -q --no-index --no-build-isolation ./bindings/python
 (cd "$WORK" && "$WORK/venv/bin/python" - "$ADDRESS" "$WORK/venv" <<'EOF'
 import sys
