@@ -61,10 +61,31 @@ if [[ -n "$SERVER" && -x "$SERVER" ]]; then
   done
 fi
 
-# The Dockerfile: multi-stage on Debian 12, built with scripts/build.sh, a non-root runtime user.
+# The Dockerfile: multi-stage on Debian 12, built with scripts/build.sh, a non-root runtime user, and
+# what deploy/k8s expects of the image: the uid, the ports, the binaries' paths, the tag. (Building and
+# running the image: deploy/docker/build-image.sh and smoke-image.sh, a CI stage.)
 df="$SRC/deploy/docker/Dockerfile"
-grep -q '^FROM debian:12 AS build' "$df" || { echo "PROBLEM: Dockerfile: no Debian 12 build stage" >&2; fail=1; }
-grep -q '^FROM debian:12-slim AS runtime' "$df" || { echo "PROBLEM: Dockerfile: no Debian 12 runtime stage" >&2; fail=1; }
+grep -q '^ARG DEBIAN_IMAGE=debian:12$' "$df" && grep -q '^FROM ${DEBIAN_IMAGE} AS build' "$df" \
+  || { echo "PROBLEM: Dockerfile: no Debian 12 build stage" >&2; fail=1; }
+grep -q '^ARG DEBIAN_SLIM_IMAGE=debian:12-slim$' "$df" && grep -q '^FROM ${DEBIAN_SLIM_IMAGE} AS runtime' "$df" \
+  || { echo "PROBLEM: Dockerfile: no Debian 12 runtime stage" >&2; fail=1; }
 grep -q 'scripts/build.sh' "$df" || { echo "PROBLEM: Dockerfile: does not build with scripts/build.sh" >&2; fail=1; }
 grep -Eq '^USER [1-9][0-9]*' "$df" || { echo "PROBLEM: Dockerfile: runtime user is not a non-root uid" >&2; fail=1; }
+ds="$SRC/deploy/k8s/base/daemonset.yaml"
+run_as=$(sed -nE 's/^ *runAsUser: ([1-9][0-9]*)$/\1/p' "$ds" | head -1)
+grep -q "^USER $run_as:$run_as\$" "$df" || { echo "PROBLEM: Dockerfile: USER is not the DaemonSet's runAsUser $run_as" >&2; fail=1; }
+grep -q "chown -R $run_as:$run_as /var/lib/kvtier" "$ds" && grep -q "chown $run_as:$run_as /var/lib/kvtier" "$df" \
+  || { echo "PROBLEM: the image and the init container do not both give /var/lib/kvtier to $run_as" >&2; fail=1; }
+ports=$(sed -nE 's/.*containerPort: ([0-9]+).*/\1/p' "$ds" | sort -n | xargs)
+[[ "$(sed -nE 's/^EXPOSE (.*)/\1/p' "$df" | tr ' ' '\n' | sort -n | xargs)" == "$ports" ]] \
+  || { echo "PROBLEM: Dockerfile: EXPOSE is not the DaemonSet's container ports ($ports)" >&2; fail=1; }
+for bin in kvtier-server kvtierctl; do
+  grep -q "/out/usr/local/bin/$bin\$\|/out/usr/local/bin/$bin " "$df" \
+    || { echo "PROBLEM: Dockerfile: does not install /usr/local/bin/$bin" >&2; fail=1; }
+done
+grep -q '^ENTRYPOINT \["/usr/local/bin/kvtier-server"\]' "$df" || { echo "PROBLEM: Dockerfile: entrypoint is not kvtier-server" >&2; fail=1; }
+grep -q -- '- /usr/local/bin/kvtierctl$' "$ds" || { echo "PROBLEM: the preStop hook does not run /usr/local/bin/kvtierctl" >&2; fail=1; }
+version=$(sed -nE 's/^project\(kvtier VERSION ([0-9.]+).*/\1/p' "$SRC/CMakeLists.txt")
+grep -q "newTag: $version\$" "$SRC/deploy/k8s/base/kustomization.yaml" \
+  || { echo "PROBLEM: deploy/k8s/base deploys another tag than the project version $version (build-image.sh's tag)" >&2; fail=1; }
 exit $fail
