@@ -108,7 +108,8 @@ say "no compiler, no headers, no -dev package; every shared library of both bina
 # 3. The binaries answer in the image (buildah run: the image's user, environment and working directory).
 out=$(timeout "$WAIT_S" buildah run --isolation=chroot "$ctr" -- kvtier-server --version) \
   || fail "kvtier-server --version exited with status $?"
-say "kvtier-server --version: $(echo "$out" | tr '\n' ' ')"
+[[ $out == "kvtier-server $version" ]] || fail "kvtier-server --version printed \"$out\", not \"kvtier-server $version\""
+say "kvtier-server --version: $out"
 out=$(timeout "$WAIT_S" buildah run --isolation=chroot "$ctr" -- kvtierctl --help) || fail "kvtierctl --help exited with status $?"
 grep -q 'status' <<< "$out" || fail "kvtierctl --help does not list the status command: $out"
 say "kvtierctl --help: $(head -1 <<< "$out")"
