@@ -1095,7 +1095,7 @@ absl::StatusOr<BlockStore::PinnedBlock> BlockStore::PinForSend(uint64_t lease_id
     return absl::InvalidArgumentError(absl::StrCat("block ", index, " is not held by lease ", lease_id));
   }
   const Entry& e = entries_[lease.entries[index]];
-  PinnedBlock pinned{.size_bytes = e.size_bytes};
+  PinnedBlock pinned{.size_bytes = e.size_bytes, .expires_in = lease.expiry - clock_->Now()};
   if (index < lease.owned.size() && !lease.owned[index].empty()) {
     pinned.data = lease.owned[index].data();  // read from disk for this lease, not promoted
   } else {
@@ -1136,7 +1136,8 @@ absl::StatusOr<BlockStore::PinnedBlock> BlockStore::PinForReceive(uint64_t reser
   const Entry& e = entries_[r.entries[index]];
   r.receiving[index] = 1;
   ++r.pins;
-  return PinnedBlock{.data = allocator_->Data(e.slot), .size_bytes = e.size_bytes};
+  return PinnedBlock{
+      .data = allocator_->Data(e.slot), .size_bytes = e.size_bytes, .expires_in = r.expiry - clock_->Now()};
 }
 
 void BlockStore::FinishReceive(uint64_t reservation_id, uint32_t index, uint64_t bytes, bool ok,

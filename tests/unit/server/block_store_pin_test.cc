@@ -114,6 +114,31 @@ TEST_F(BlockStorePinTest, ReservationExpiringDuringAReceiveIsFreedAtFinish) {
   EXPECT_FALSE(store_->Commit(a->reservation_id, std::span<const uint64_t>(&sum, 1)).ok());
 }
 
+// A transport bounds each transfer by the pin's expires_in (UcxServer cancels or closes it then), so
+// that a dead peer's pin ends with its lease or reservation, not transfer_timeout later.
+TEST_F(BlockStorePinTest, APinSaysHowLongItsLeaseOrReservationHasLeft) {
+  const BlockKey k = Key(1);
+  auto a = store_->Allocate(ns_, std::span<const BlockKey>(&k, 1));
+  ASSERT_OK(a);
+  clock_.Advance(absl::Milliseconds(1200));
+  auto received = store_->PinForReceive(a->reservation_id, 0);
+  ASSERT_OK(received);
+  EXPECT_EQ(received->expires_in, absl::Seconds(3) - absl::Milliseconds(1200));  // reservation_ttl 3 s
+  const auto bytes = Payload(4);
+  std::memcpy(received->data, bytes.data(), bytes.size());
+  store_->FinishReceive(a->reservation_id, 0, bytes.size(), true);
+  const uint64_t sum = BlockChecksum(bytes.data(), bytes.size());
+  ASSERT_OK(store_->Commit(a->reservation_id, std::span<const uint64_t>(&sum, 1)));
+
+  auto lease = store_->AcquireRead(ns_, std::span<const BlockKey>(&k, 1), absl::Seconds(5));
+  ASSERT_TRUE(lease.blocks[0].present);
+  clock_.Advance(absl::Seconds(2));
+  auto sent = store_->PinForSend(lease.lease_id, 0);
+  ASSERT_OK(sent);
+  EXPECT_EQ(sent->expires_in, absl::Seconds(3));
+  store_->Unpin(lease.lease_id, 0);
+}
+
 TEST_F(BlockStorePinTest, FailedOrShortReceiveLeavesTheBlockIncomplete) {
   const BlockKey keys[2] = {Key(1), Key(2)};
   auto a = store_->Allocate(ns_, keys);

@@ -223,6 +223,11 @@ class BlockStore {
   struct PinnedBlock {
     std::byte* data = nullptr;
     uint64_t size_bytes = 0;
+    // Time left, at the pin, before the lease or reservation expires. A transport must not let a
+    // transfer hold the pin much past it (the pin keeps an expired lease's blocks and an expired
+    // reservation's keys from everyone else): UcxServer cancels or force-closes what is still in
+    // flight then.
+    absl::Duration expires_in;
   };
 
   // Pins lease `lease_id` for one send of the block at `index`: returns its host slot, or the lease's own
