@@ -9,6 +9,7 @@
 #include <ucp/api/ucp.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <optional>
@@ -36,6 +37,9 @@ constexpr ucp_tag_t kFullMask = ~ucp_tag_t{0};
 // Bytes of one get request's sends in flight at once (at least one block); see StartGet.
 constexpr uint64_t kSendWindowBytes = 8ULL << 20;
 constexpr absl::Duration kSweepInterval = absl::Milliseconds(100);
+// How long a request of a force-closed endpoint may stay uncompleted by UCX before it is abandoned
+// (see MaintenanceIfDue); at most transfer_timeout.
+constexpr absl::Duration kAbandonGrace = absl::Milliseconds(250);
 constexpr absl::Duration kShutdownDrain = absl::Seconds(2);
 constexpr int kIdleSpins = 256;  // progress calls with nothing done before the thread sleeps in poll()
 
@@ -92,6 +96,9 @@ struct UcxServer::Impl {
     void* request = nullptr;
     EpId ep = 0;  // the endpoint it runs on (receives: the batch's client)
     absl::Time start;
+    // Past this it is cancelled or its endpoint force-closed: start + transfer_timeout, or sooner the
+    // expiry of the lease or reservation it pins (a pin must not outlive it: see PinnedBlock).
+    absl::Time deadline = absl::InfiniteFuture();
     absl::Time closed = absl::InfiniteFuture();  // when its endpoint was force-closed
     bool cancel_requested = false;
     bool abandoned = false;  // accounted for and unpinned; UCX still owns the request
@@ -291,45 +298,70 @@ struct UcxServer::Impl {
 
   void MaintenanceIfDue() {
     ReapCloses();
-    for (EpId id : std::vector<EpId>(std::move(to_close))) CloseEp(id);
-    to_close.clear();
+    if (!to_close.empty()) {
+      // UCX reports some peer failures even without error handling (a tcp connection that broke):
+      // close at once, which also cancels that client's unmatched receives.
+      KVTIER_LOG_EVERY(std::chrono::seconds(10), info, "kvtier-server: {} UCX endpoints failed (peer gone); closed",
+                       to_close.size());
+      for (EpId id : std::vector<EpId>(std::move(to_close))) CloseEp(id);
+      to_close.clear();
+    }
     const absl::Time now = absl::Now();
     if (now < next_sweep) return;
     next_sweep = now + kSweepInterval;
-    // Transfers past their time: cancel receives not matched yet; force-close the endpoint of anything
-    // else (a send waiting for its client, a receive whose data stopped coming). UCX 1.13 does not
-    // always complete such requests when their endpoint closes (in error mode NONE, after the client
-    // died); those are abandoned one more transfer_timeout later: unpinned and counted, the request left
-    // to UCX. By then the client's own deadline has passed, so nothing can still read such a slot, and a
-    // late read would fail the client's checksum check.
-    std::vector<Op*> late;
+    // Transfers past their deadline (transfer_timeout, or the expiry of the lease or reservation they
+    // pin, whichever comes first): cancel receives not matched yet; force-close the endpoint of
+    // anything else (a send waiting for its client, a receive whose cancel did nothing because it was
+    // matched: its data stopped coming). Endpoints run without peer failure handling (see the class
+    // comment), so this is how a writer that died or stalled mid-put gives its keys back by its
+    // reservation's expiry rather than transfer_timeout later. UCX 1.13 does not always complete such
+    // requests when their endpoint closes (in error mode NONE, after the client died; a receive
+    // matched over tcp never does); those are abandoned kAbandonGrace after the close, a send not
+    // before its deadline: unpinned and counted, the request left to UCX. Nothing can still write a
+    // receive's slot then (its endpoint, the only way in, is closed), and a late read of a send's slot
+    // by a client still running would fail that client's checksum check.
+    const absl::Duration grace = std::min(options.transfer_timeout, kAbandonGrace);
+    std::vector<Op*> late;  // past the deadline, or on an endpoint closed (e.g. failed) a grace ago
     for (Op* op : inflight) {
-      if (now - op->start > options.transfer_timeout) late.push_back(op);
+      if (now >= op->deadline || now - op->closed > grace) late.push_back(op);
     }
     absl::flat_hash_set<EpId> close;
     uint64_t given_up = 0;
     for (Op* op : late) {
       if (!inflight.contains(op)) continue;  // completed by an earlier cancel's callback chain
-      if (now - op->closed > options.transfer_timeout) {
-        Abandon(op);
-        ++given_up;
-        continue;
-      }
       const bool is_recv = op->batch->is_put;
       if (is_recv && !op->cancel_requested) {
         op->cancel_requested = true;
         ucp_request_cancel(worker, op->request);  // may complete (and free) op right here
+        // Still in flight: it was matched, its data partly in. Close its endpoint now (below).
+        if (!inflight.contains(op)) continue;
+      }
+      // A receive's slot is safe to give up once its endpoint has been closed a while; a send's only
+      // at its deadline too (a client still running may read the slot until it gives up itself).
+      if (now - op->closed > grace && (is_recv || now >= op->deadline)) {
+        Abandon(op);
+        ++given_up;
         continue;
       }
-      if (!is_recv || now - op->start > 2 * options.transfer_timeout) close.insert(op->ep);
+      if (now >= op->deadline && op->closed == absl::InfiniteFuture()) close.insert(op->ep);
     }
     for (EpId id : close) CloseEp(id);
+    if (!close.empty()) {
+      KVTIER_LOG_EVERY(std::chrono::seconds(10), warn,
+                       "kvtier-server: force-closed {} UCX endpoints with transfers past their deadline (a client "
+                       "that died or stalled mid-transfer)",
+                       close.size());
+    }
     if (given_up > 0) {
       KVTIER_LOG(warn, "kvtier-server: gave up on {} UCX transfers of closed endpoints", given_up);
     }
   }
 
-  // Force-closes endpoint `id` (if still open): UCX completes what it can with UCS_ERR_CANCELED.
+  // Force-closes endpoint `id` (if still open): UCX completes what it can with UCS_ERR_CANCELED. The
+  // receives posted for that client's puts are cancelled too: they belong to the worker, not to the
+  // endpoint, so closing it leaves them posted, and nothing else sends on their tags (a client sends a
+  // put's blocks on the endpoint of its kPut). A receive already matched (its data partly in) does not
+  // cancel; it is abandoned later (MaintenanceIfDue).
   void CloseEp(EpId id) {
     auto it = eps.find(id);
     if (it == eps.end()) return;
@@ -337,14 +369,22 @@ struct UcxServer::Impl {
     eps.erase(it);
     ep_ids.erase(ep);
     const absl::Time now = absl::Now();
+    std::vector<Op*> receives;
     for (Op* op : inflight) {
-      if (op->ep == id && op->closed == absl::InfiniteFuture()) op->closed = now;
+      if (op->ep != id) continue;
+      if (op->closed == absl::InfiniteFuture()) op->closed = now;
+      if (op->batch->is_put && !op->cancel_requested && op->request != nullptr) receives.push_back(op);
     }
     ucp_request_param_t p{};
     p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
     p.flags = UCP_EP_CLOSE_FLAG_FORCE;
     ucs_status_ptr_t r = ucp_ep_close_nbx(ep, &p);
     if (UCS_PTR_IS_PTR(r)) closing.push_back(r);
+    for (Op* op : receives) {
+      if (!inflight.contains(op) || op->cancel_requested) continue;  // completed meanwhile
+      op->cancel_requested = true;
+      ucp_request_cancel(worker, op->request);  // may complete (and free) op right here
+    }
   }
 
   void ReapCloses() {
@@ -520,13 +560,20 @@ struct UcxServer::Impl {
   void PostNextSend(Batch* batch) {
     static const std::byte kEmpty{};
     const uint32_t j = static_cast<uint32_t>(batch->next++);
-    auto* op = new Op{
-        .impl = this, .batch = batch, .slot = j, .index = batch->indices[j], .ep = batch->ep, .start = absl::Now()};
+    const absl::Time now = absl::Now();
+    auto* op = new Op{.impl = this,
+                      .batch = batch,
+                      .slot = j,
+                      .index = batch->indices[j],
+                      .ep = batch->ep,
+                      .start = now,
+                      .deadline = now + options.transfer_timeout};
     const std::byte* data = &kEmpty;
     auto pinned = store->PinForSend(batch->id, op->index);
     if (pinned.ok()) {
       op->pinned = true;
       op->size = pinned->size_bytes;
+      op->deadline = std::min(op->deadline, now + pinned->expires_in);
       data = pinned->data;
     }
     batch->in_flight_bytes += std::max<uint64_t>(op->size, 1);
@@ -558,7 +605,13 @@ struct UcxServer::Impl {
     const absl::Time now = absl::Now();
     const bool taggable = req.reservation_id <= msg::kMaxTagReservationId;
     for (uint32_t j = 0; j < req.indices.size(); ++j) {
-      auto* op = new Op{.impl = this, .batch = batch, .slot = j, .index = req.indices[j], .ep = ep, .start = now};
+      auto* op = new Op{.impl = this,
+                        .batch = batch,
+                        .slot = j,
+                        .index = req.indices[j],
+                        .ep = ep,
+                        .start = now,
+                        .deadline = now + options.transfer_timeout};
       if (!taggable || op->index > msg::kMaxTagIndex) {
         deferred.push_back({op, UCS_ERR_INVALID_PARAM});  // the client cannot have a valid tag for it
         continue;
@@ -568,6 +621,7 @@ struct UcxServer::Impl {
       if (pinned.ok()) {
         op->pinned = true;
         op->size = pinned->size_bytes;
+        op->deadline = std::min(op->deadline, now + pinned->expires_in);
         data = pinned->data;
         op->data = data;
       }  // else a zero-byte receive drains the client's message (truncated), so its send completes

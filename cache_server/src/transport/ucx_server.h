@@ -16,10 +16,12 @@ class BlockStore;
 class ServerMetrics;
 
 struct UcxServerOptions {
-  std::string listen_address;                           // host:port; port 0 = the kernel picks
-  std::string node_id;                                  // answered to a client's hello
-  std::string transports;                               // UCX_TLS ("" = UCX's default); must include tcp
-  absl::Duration transfer_timeout = absl::Seconds(10);  // then a send/receive is cancelled, its pin dropped
+  std::string listen_address;  // host:port; port 0 = the kernel picks
+  std::string node_id;         // answered to a client's hello
+  std::string transports;      // UCX_TLS ("" = UCX's default); must include tcp
+  // A send or receive unfinished after this is cancelled and its pin dropped; sooner when the lease
+  // or reservation it pins expires first.
+  absl::Duration transfer_timeout = absl::Seconds(10);
   // Takes a lease for a client's kLease (a serialized v1::ReadRequest in, a serialized v1::ReadResponse
   // out, or an error), on the progress thread. Empty: the server offers no UCX leases (auth on).
   std::function<absl::StatusOr<std::string>(std::string_view request)> lease;
@@ -39,9 +41,13 @@ struct UcxServerOptions {
 //
 // Error handling: endpoints use UCP_ERR_HANDLING_MODE_NONE, because PEER mode turns off shared memory's
 // single-copy (cma) rendezvous in UCX 1.13. A dead or stuck client is therefore detected by time: a
-// send or receive still unfinished after transfer_timeout is cancelled (a receive not yet matched) or
-// its endpoint is force-closed, which completes its requests; only then is its slot unpinned. A slot
-// is never unpinned while UCX may still touch it.
+// send or receive still unfinished at its deadline (transfer_timeout, or the expiry of the lease or
+// reservation it pins when that comes first) is cancelled (a receive not yet matched) or its endpoint
+// is force-closed, which completes its requests or, for those UCX leaves uncompleted, lets them be
+// abandoned shortly after; only then is its slot unpinned. So a writer that dies or stalls mid-put
+// holds its keys no longer than its reservation_ttl. An endpoint UCX reports failed anyway (a broken
+// tcp connection) is closed at once, its unmatched receives cancelled. A slot is never unpinned while
+// UCX may still write it.
 //
 // Trust: the UCX plane trusts the control plane. Tags carry lease and reservation ids that only gRPC
 // hands out; any peer that can reach the listener and guess an id could read or fill that block, as

@@ -68,7 +68,8 @@ struct ServerOptions {
                                    // default); must include tcp (the listener needs it)
   absl::Duration ucx_transfer_timeout =
       absl::Seconds(10);  // a UCX send or receive still unfinished after
-                          // this is cancelled (its endpoint closed) and its pin dropped
+                          // this is cancelled (its endpoint closed) and its pin dropped;
+                          // sooner when the lease or reservation it pins expires first
 
   // KV events (docs/events.md): BlockStored/BlockRemoved/BlockMoved/AllBlocksCleared on a ZeroMQ PUB
   // socket; Replay and Snapshot over gRPC (kvtier.v1.EventService on listen_address). Off by default.

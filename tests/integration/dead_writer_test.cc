@@ -1,0 +1,329 @@
+// A writer killed (SIGKILL) or stopped (SIGSTOP) in the middle of a put must not hold its keys past
+// its reservation's expiry, on any transport: a real kvtier-server process, a real writer process (this
+// binary, run again with KVTIER_DEAD_WRITER set), and a second client that puts the same keys meanwhile.
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+
+#include "absl/strings/str_cat.h"
+#include "kvtier/client/client.h"
+#include "kvtier/common/fingerprint.h"
+#include "kvtier/v1/admin.grpc.pb.h"
+#include "testing/scrape_metrics.h"
+#include "testing/server_process.h"
+#include "testing/status_matchers.h"
+
+namespace kvtier {
+namespace {
+
+using client::Client;
+using client::GetResult;
+using client::PutResult;
+
+constexpr uint64_t kBlockBytes = 4ULL << 20;
+constexpr size_t kBlocks = 16;  // 64 MiB in one put batch
+constexpr absl::Duration kReservationTtl = absl::Seconds(2);
+
+// A layout whose shard is exactly `bytes` long: MLA, fp8, one layer, one token.
+Namespace WriterNamespace(uint32_t seed) {
+  Namespace ns;
+  ns.tenant = "acme";
+  ns.model = absl::StrCat("dead-writer-", seed);
+  ns.layout = {.kind = LayoutKind::kMla,
+               .dtype = DType::kFp8E4m3,
+               .num_layers = 1,
+               .latent_dim = static_cast<uint32_t>(kBlockBytes),
+               .block_tokens = 1,
+               .tp_size = 1};
+  return ns;
+}
+
+std::vector<Fingerprint> WriterFingerprints(const Namespace& ns) {
+  std::vector<uint32_t> tokens(kBlocks);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint32_t>(i * 7919 + 13);
+  auto fps = ChainFingerprints(ns, tokens);
+  return fps.ok() ? *fps : std::vector<Fingerprint>{};
+}
+
+// Bytes derived from the fingerprint, so that the writer and the second client put the same bytes and
+// any mix-up shows.
+std::vector<std::byte> Payload(const Fingerprint& fp) {
+  std::vector<std::byte> b(kBlockBytes);
+  uint64_t x = fp.RingPosition() | 1;
+  for (size_t i = 0; i + 8 <= b.size(); i += 8) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    std::memcpy(&b[i], &x, 8);
+  }
+  return b;
+}
+
+struct Blocks {
+  std::vector<std::vector<std::byte>> data;
+  std::vector<std::span<const std::byte>> views;
+};
+Blocks MakeBlocks(std::span<const Fingerprint> fps) {
+  Blocks b;
+  for (const auto& fp : fps) b.data.push_back(Payload(fp));
+  for (const auto& d : b.data) b.views.emplace_back(d);
+  return b;
+}
+
+client::ClientOptions WriterOptions(const std::string& address, const std::string& transport,
+                                    const std::string& ucx_transports) {
+  return client::ClientOptions{.members = {address},
+                               .rpc_timeout = absl::Seconds(30),  // the writer never gives up by itself
+                               .put_batch_blocks = kBlocks,
+                               .transport = transport,
+                               .ucx_transports = ucx_transports};
+}
+
+// The writer process: KVTIER_DEAD_WRITER="<address> <transport> <ucx_transports or -> <seed>". It puts
+// the blocks in one batch and exits 0 when the put returned (the test then tries again: the signal came
+// too late). Runs as a global environment, after static initialization and before any test.
+class DeadWriter : public ::testing::Environment {
+ public:
+  void SetUp() override {
+    const char* spec = std::getenv("KVTIER_DEAD_WRITER");
+    if (spec == nullptr) return;
+    std::istringstream in(spec);
+    std::string address, transport, ucx_transports;
+    uint32_t seed = 0;
+    if (!(in >> address >> transport >> ucx_transports >> seed)) _exit(2);
+    if (ucx_transports == "-") ucx_transports.clear();
+    auto c = Client::Connect(WriterOptions(address, transport, ucx_transports));
+    if (!c.ok()) _exit(3);
+    const Namespace ns = WriterNamespace(seed);
+    const std::vector<Fingerprint> fps = WriterFingerprints(ns);
+    Blocks in_blocks = MakeBlocks(fps);
+    auto put = (*c)->Put(ns, fps, 0, in_blocks.views);
+    _exit(put.ok() ? 0 : 4);
+  }
+};
+[[maybe_unused]] ::testing::Environment* const kDeadWriter = ::testing::AddGlobalTestEnvironment(new DeadWriter);
+
+struct Transport {
+  std::string name;            // test name suffix
+  std::string client;          // ClientOptions::transport
+  std::string ucx_transports;  // UCX_TLS of both sides ("" = UCX's default: shared memory + cma here)
+};
+
+class DeadWriterTest : public ::testing::TestWithParam<Transport> {
+ protected:
+  void SetUp() override {
+    char dir[] = "/tmp/kvtier-dead-writer-XXXXXX";
+    ASSERT_NE(mkdtemp(dir), nullptr);
+    dir_ = dir;
+    const std::string config = dir_ + "/kvtier.yaml";
+    std::ofstream(config) << "ucx:\n  transfer_timeout: 30s\n"
+                          << "leases:\n  reservation_ttl: 2s\n  expiry_interval: 100ms\n";
+    std::vector<std::string> args = {"--config=" + config, "--host_cache_bytes=536870912",
+                                     "--ucx_listen_address=127.0.0.1:0"};
+    if (!GetParam().ucx_transports.empty()) args.push_back("--ucx_transports=" + GetParam().ucx_transports);
+    auto s = testing::ServerProcess::Start("node-w", args);
+    ASSERT_OK(s);
+    server_ = std::move(s).value();
+    admin_ = v1::AdminService::NewStub(grpc::CreateChannel(server_->address(), grpc::InsecureChannelCredentials()));
+  }
+  void TearDown() override {
+    for (pid_t pid : stopped_writers_) {
+      kill(pid, SIGKILL);
+      waitpid(pid, nullptr, 0);
+    }
+    server_.reset();
+    std::error_code ignored;
+    std::filesystem::remove_all(dir_, ignored);
+  }
+
+  // Starts a writer of the blocks of `seed` and sends it `sig` right after the server granted its
+  // reservation: between Allocate and Commit, with its bytes on the way. SIGKILL: the writer is gone
+  // (waited for). SIGSTOP: it stays, silent (a paused or partitioned writer), in stopped_writer_ until
+  // the test ends. Returns false when the writer finished (or failed) before.
+  bool SignalWriterMidPut(uint32_t seed, int sig) {
+    const std::string spec =
+        absl::StrCat(server_->address(), " ", GetParam().client, " ",
+                     GetParam().ucx_transports.empty() ? "-" : GetParam().ucx_transports, " ", seed);
+    const ::testing::UnitTest& unit = *::testing::UnitTest::GetInstance();
+    std::string filter =
+        absl::StrCat("--gtest_filter=", unit.current_test_suite()->name(), ".", unit.current_test_info()->name());
+    std::string env = "KVTIER_DEAD_WRITER=" + spec;
+    std::string ucx_env = "UCX_NET_DEVICES=lo";
+    std::string self = "/proc/self/exe";
+    char* envp[] = {env.data(), ucx_env.data(), nullptr};
+    char* argv[] = {self.data(), filter.data(), nullptr};
+    const int devnull = open("/dev/null", O_WRONLY | O_CLOEXEC);
+    const pid_t pid = fork();  // everything is built before fork: the child only execs
+    if (pid == 0) {
+      dup2(devnull, STDOUT_FILENO);
+      execve(argv[0], argv, envp);
+      _exit(127);
+    }
+    close(devnull);
+    EXPECT_GT(pid, 0);
+    if (pid <= 0) return false;
+    const absl::Time until = absl::Now() + absl::Seconds(20);
+    bool reserved = false;
+    while (!reserved && absl::Now() < until) {
+      reserved = Stats().active_reservations() > 0;
+      if (waitpid(pid, nullptr, WNOHANG) == pid) return false;  // done (or failed) before we saw it
+    }
+    // Let the put get going (the kPut and the first sends; over gRPC the first chunks), then kill.
+    std::this_thread::sleep_for(std::chrono::milliseconds(GetParam().client == "ucx" ? 5 : 20));
+    kill(pid, sig);
+    int status = 0;
+    if (sig == SIGSTOP) {
+      waitpid(pid, &status, WUNTRACED);
+      stopped_writers_.push_back(pid);
+      return reserved && WIFSTOPPED(status);
+    }
+    waitpid(pid, &status, 0);
+    return reserved && WIFSIGNALED(status);
+  }
+
+  // The server's count of UCX receives that failed or were cancelled.
+  double WriteTransferErrors() const {
+    return testing::MetricValue(testing::ScrapeMetrics(server_->metrics_port()),
+                                "kvtier_transfer_errors_total{direction=\"write\"}");
+  }
+
+  v1::GetStatsResponse Stats() {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    v1::GetStatsResponse resp;
+    EXPECT_TRUE(admin_->GetStats(&ctx, v1::GetStatsRequest(), &resp).ok());
+    return resp;
+  }
+
+  // Sends a writer `sig` mid-put (SignalWriterMidPut) and checks that a second client's puts of its
+  // keys are IN_PROGRESS while the writer's reservation lives, then STORED within reservation_ttl + 1 s
+  // of the signal, and that no read ever returns a block that is not the second client's. With
+  // `until_mid_transfer`, writers (each with its own keys) are signalled until one is caught with its
+  // bytes on the way (up to 5): a signal before any byte moved proves nothing about pinned transfers.
+  void ExpectKeysBackWithinTheReservationTtl(int sig, bool until_mid_transfer);
+
+  std::vector<pid_t> stopped_writers_;
+  std::string dir_;
+  std::unique_ptr<testing::ServerProcess> server_;
+  std::unique_ptr<v1::AdminService::Stub> admin_;
+};
+
+void DeadWriterTest::ExpectKeysBackWithinTheReservationTtl(int sig, bool until_mid_transfer) {
+  // The second client connects first, so that it asks right after the signal.
+  auto c = Client::Connect(WriterOptions(server_->address(), GetParam().client, GetParam().ucx_transports));
+  ASSERT_OK(c);
+  std::vector<std::vector<std::byte>> out(kBlocks, std::vector<std::byte>(kBlockBytes));
+  std::vector<std::span<std::byte>> views(out.begin(), out.end());
+  bool mid_transfer = false;
+  bool tried = false;
+  for (uint32_t seed = 1; seed <= 5 && !mid_transfer && !(tried && !until_mid_transfer); ++seed) {
+    const Namespace ns = WriterNamespace(seed);
+    const std::vector<Fingerprint> fps = WriterFingerprints(ns);
+    ASSERT_EQ(fps.size(), kBlocks);
+    Blocks in = MakeBlocks(fps);
+    const double errors_before = WriteTransferErrors();
+    const uint64_t grpc_bytes_before = Stats().grpc_write_bytes();
+    if (!SignalWriterMidPut(seed, sig)) continue;
+    tried = true;
+    const absl::Time signalled = absl::Now();
+
+    std::vector<bool> stored(kBlocks, false);  // by the second client
+    absl::Duration last_held = absl::ZeroDuration(), back = absl::InfiniteDuration();
+    bool held = false;  // some key was IN_PROGRESS: the dead writer's reservation held it
+    while (std::count(stored.begin(), stored.end(), true) < static_cast<ptrdiff_t>(kBlocks) &&
+           absl::Now() - signalled < absl::Seconds(40)) {
+      // No partial block is ever served: a key is a miss until the second client stored it, then a
+      // hit with its bytes.
+      auto got = (*c)->Get(ns, fps, 0, views);
+      ASSERT_OK(got);
+      for (size_t i = 0; i < kBlocks; ++i) {
+        ASSERT_EQ((*got)[i], stored[i] ? GetResult::kHit : GetResult::kMiss) << "block " << i;
+        if (stored[i]) {
+          ASSERT_TRUE(out[i] == in.data[i]) << "block " << i;
+        }
+      }
+      const absl::Duration asked = absl::Now() - signalled;
+      auto put = (*c)->Put(ns, fps, 0, in.views);
+      ASSERT_OK(put);
+      for (size_t i = 0; i < kBlocks; ++i) {
+        const PutResult r = (*put)[i];
+        ASSERT_TRUE(r == PutResult::kStored || r == PutResult::kInProgress ||
+                    (stored[i] && r == PutResult::kAlreadyPresent))
+            << "block " << i << ": " << client::PutResultName(r);
+        if (r == PutResult::kInProgress) {
+          held = true;
+          last_held = asked;
+        }
+        if (r == PutResult::kStored && !stored[i]) back = std::min(back, asked);
+        stored[i] = stored[i] || r == PutResult::kStored;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    ASSERT_EQ(std::count(stored.begin(), stored.end(), true), static_cast<ptrdiff_t>(kBlocks));
+    EXPECT_TRUE(held) << "the keys were free at once: the dead writer's reservation did not hold them";
+    // The keys came back between the last IN_PROGRESS answer and the put that stored them.
+    EXPECT_LE(back, kReservationTtl + absl::Seconds(1));
+    // Every byte is the second client's (the same bytes the writer was sending).
+    auto got = (*c)->Get(ns, fps, 0, views);
+    ASSERT_OK(got);
+    for (size_t i = 0; i < kBlocks; ++i) {
+      EXPECT_EQ((*got)[i], GetResult::kHit) << "block " << i;
+      EXPECT_TRUE(out[i] == in.data[i]) << "block " << i;
+    }
+    // Did the signal land mid-transfer? Over UCX: receives were posted into the reservation's slots and
+    // then failed or were cancelled. Over gRPC: part of the writer's stream arrived.
+    const v1::GetStatsResponse st = Stats();
+    const uint64_t grpc_bytes = st.grpc_write_bytes() - grpc_bytes_before - kBlocks * kBlockBytes;  // less ours
+    mid_transfer = GetParam().client == "ucx" ? WriteTransferErrors() > errors_before
+                                              : grpc_bytes > 0 && grpc_bytes < kBlocks * kBlockBytes;
+    std::cerr << (sig == SIGKILL ? "killed" : "stopped") << " writer over " << GetParam().name << " (keys " << seed
+              << "): IN_PROGRESS until " << last_held << " after the signal, STORED by a put asked " << back
+              << " after it" << (mid_transfer ? "; transfers were cut" : "; no transfer was cut") << "\n";
+    EXPECT_GE(st.expired_reservations(), 1u);
+    EXPECT_EQ(st.active_reservations(), 0u);
+  }
+  EXPECT_TRUE(tried) << "every writer finished its put before the signal";
+  if (until_mid_transfer) {
+    EXPECT_TRUE(mid_transfer) << "no writer was caught mid-transfer in 5 tries";
+  }
+}
+
+// A writer killed between Allocate and Commit. Before, over UCX the receives posted for its blocks
+// pinned its expired reservation, and so kept its keys from everyone, until transfer_timeout (30 s
+// here); tcp shows it (over shared memory the failed cma copies ended them).
+TEST_P(DeadWriterTest, AKilledWritersKeysAreStoredByAnotherClientWithinTheReservationTtl) {
+  ExpectKeysBackWithinTheReservationTtl(SIGKILL, /*until_mid_transfer=*/true);
+}
+
+// A writer stopped between Allocate and Commit (a paused process, or one behind a partition): alive, so
+// nothing reports a failure; the transfers' deadline (the reservation's expiry) ends them. Over tcp its
+// receives are matched and stuck half-way (before: pinned until transfer_timeout, 30 s); over gRPC and
+// shared memory nothing stays pinned (the server reads a stopped writer's memory over cma), which
+// this checks too.
+TEST_P(DeadWriterTest, AStoppedWritersKeysAreStoredByAnotherClientWithinTheReservationTtl) {
+  ExpectKeysBackWithinTheReservationTtl(SIGSTOP, /*until_mid_transfer=*/false);
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, DeadWriterTest,
+                         ::testing::Values(Transport{"grpc", "grpc", ""}, Transport{"ucx_tcp", "ucx", "tcp"},
+                                           Transport{"ucx_shm", "ucx", ""}),
+                         [](const ::testing::TestParamInfo<Transport>& p) { return p.param.name; });
+
+}  // namespace
+}  // namespace kvtier
