@@ -478,6 +478,7 @@ struct UcxServer::Impl {
                                              ? self->options.lease(req->payload)
                                              : absl::FailedPreconditionError("this server takes no leases over UCX");
     reply.ok = answer.ok();
+    reply.code = answer.ok() ? 0 : static_cast<uint32_t>(answer.status().code());  // the client reports it as is
     reply.payload = answer.ok() ? std::move(answer).value() : std::string(answer.status().message());
     self->SendAm(ep, msg::kLeaseReply, msg::Encode(reply, /*reply=*/true));
     return UCS_OK;

@@ -132,6 +132,7 @@ struct Transfer {
   std::string node_id;             // guarded by mu: the hello reply
   uint32_t hello_flags = 0;        // guarded by mu: the hello reply
   std::string lease_reply;         // guarded by mu: a kLeaseReply's payload (failed: its error text)
+  uint32_t lease_code = 0;         // guarded by mu: a refused kLeaseReply's absl::StatusCode (0: none sent)
   bool failed = false;             // guarded by mu: the endpoint is unknown, failed or a send failed
   std::vector<uint32_t> arrived;   // guarded by mu: items that completed kOk, in completion order
   std::vector<void*> requests;     // progress thread: per item, the request while in flight
@@ -661,6 +662,7 @@ struct UcxClient::Impl {
     self->pending_lease.erase(it);
     std::unique_lock<std::mutex> lock(t->mu);
     t->failed = !reply->ok;
+    t->lease_code = reply->code;
     t->lease_reply = std::move(reply->payload);
     t->Done(lock);
     return UCS_OK;
@@ -875,6 +877,8 @@ absl::StatusOr<std::string> UcxClient::Lease(EndpointId endpoint, std::string re
   const bool in_time = im.Await(t, endpoint, deadline, [&im, request_id] { im.Forget(im.pending_lease, request_id); });
   std::lock_guard<std::mutex> lock(t->mu);
   if (!in_time) return absl::DeadlineExceededError("UCX lease: no answer in time");
+  if (t->failed && t->lease_code != 0)
+    return absl::Status(static_cast<absl::StatusCode>(t->lease_code), t->lease_reply);
   if (t->failed) {
     return absl::UnavailableError(t->lease_reply.empty() ? "UCX lease failed"
                                                          : absl::StrCat("UCX lease refused: ", t->lease_reply));

@@ -88,9 +88,10 @@ class UcxClient {
 
   // Takes a lease over UCX instead of gRPC: sends `request` (a serialized kvtier.v1.ReadRequest) as a
   // kLease and returns the server's answer (a serialized kvtier.v1.ReadResponse) by `deadline`. Only
-  // for a Connection with takes_leases. Errors: Unavailable (unknown or failed endpoint, or the server
-  // refused; the message says why), DeadlineExceeded (no answer in time: the endpoint is no longer
-  // trusted; a lease the server took anyway ends at its expiry).
+  // for a Connection with takes_leases. Errors: the server's own code and message when it refused the
+  // request (e.g. InvalidArgument for a block above its limits.max_block_bytes), Unavailable (unknown or
+  // failed endpoint, or a refusal from a server that sends no code), DeadlineExceeded (no answer in
+  // time: the endpoint is no longer trusted; a lease the server took anyway ends at its expiry).
   absl::StatusOr<std::string> Lease(EndpointId endpoint, std::string request, absl::Time deadline);
 
   uint64_t abandoned_requests() const;

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cstddef>
+#include <cstring>
 #include <span>
 #include <string>
 
@@ -50,12 +51,37 @@ TEST(UcxMessagesTest, LeaseRequestAndReplyRoundTrip) {
     EXPECT_EQ(m->ok, ok);
     EXPECT_EQ(m->payload, "answer");
   }
-  // An empty payload is a valid (empty) message; a cut id or a bad ok byte is not.
+  // An empty payload is a valid (empty) message; a cut id or a bad status byte is not.
   EXPECT_TRUE(DecodeLeaseMessage(Bytes(Encode(LeaseMessage{.request_id = 1}, false)), false).has_value());
   EXPECT_FALSE(DecodeLeaseMessage(Bytes(std::string(7, '\0')), false).has_value());
   std::string bad_ok = Encode(LeaseMessage{.request_id = 1}, /*reply=*/true);
-  bad_ok[8] = '\x02';
+  bad_ok[8] = '\x03';
   EXPECT_FALSE(DecodeLeaseMessage(Bytes(bad_ok), /*reply=*/true).has_value());
+}
+
+TEST(UcxMessagesTest, ARefusedLeaseCarriesTheServersCodeAndMessage) {
+  const std::string reply =
+      Encode(LeaseMessage{.request_id = 5, .ok = false, .code = 3, .payload = "a block is 2097152 bytes"}, true);
+  ASSERT_EQ(reply.size(), 8u + 1 + 4 + 24);
+  EXPECT_EQ(reply[8], '\x02');
+  auto m = DecodeLeaseMessage(Bytes(reply), /*reply=*/true);
+  ASSERT_TRUE(m.has_value());
+  EXPECT_FALSE(m->ok);
+  EXPECT_EQ(m->code, 3u);  // INVALID_ARGUMENT
+  EXPECT_EQ(m->payload, "a block is 2097152 bytes");
+  // A reply of a server that sent no code (status 0) still decodes, with code 0.
+  const std::string old = Encode(LeaseMessage{.request_id = 5, .ok = false, .payload = "refused"}, true);
+  EXPECT_EQ(old[8], '\x00');
+  auto o = DecodeLeaseMessage(Bytes(old), /*reply=*/true);
+  ASSERT_TRUE(o.has_value());
+  EXPECT_FALSE(o->ok);
+  EXPECT_EQ(o->code, 0u);
+  EXPECT_EQ(o->payload, "refused");
+  // Status 2 with its code cut short, or a code of 0 (OK is no refusal), is malformed.
+  EXPECT_FALSE(DecodeLeaseMessage(Bytes(reply.substr(0, 11)), true).has_value());
+  std::string zero = reply;
+  std::memset(zero.data() + 9, 0, 4);
+  EXPECT_FALSE(DecodeLeaseMessage(Bytes(zero), true).has_value());
 }
 
 TEST(UcxMessagesTest, ReleaseIsExactlyALeaseId) {

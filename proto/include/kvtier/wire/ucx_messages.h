@@ -23,8 +23,11 @@
 //                 the server does what the Lease RPC does and answers kLeaseReply. Offered only by a
 //                 server without tokens (auth off), where the gRPC call would be allowed anyway; it
 //                 saves a get its gRPC round trip.
-//   kLeaseReply server -> client  {request_id u64, ok u8, payload bytes}: ok = 1: a serialized
-//                 kvtier.v1.ReadResponse (status, checksums, lease id); ok = 0: an error message.
+//   kLeaseReply server -> client  {request_id u64, status u8, [code u32], payload bytes}: status 1: a
+//                 serialized kvtier.v1.ReadResponse (status, checksums, lease id); status 2: the server
+//                 refused, code (an absl::StatusCode, e.g. INVALID_ARGUMENT for a block above its
+//                 limits.max_block_bytes) and its message follow; status 0: an error message without a
+//                 code (servers before codes were sent; read as UNAVAILABLE).
 #ifndef KVTIER_WIRE_UCX_MESSAGES_H_
 #define KVTIER_WIRE_UCX_MESSAGES_H_
 
@@ -83,7 +86,8 @@ struct HelloReply {
 // kLease and kLeaseReply: a request id and bytes (a serialized message, or an error's text).
 struct LeaseMessage {
   uint64_t request_id = 0;
-  bool ok = true;  // kLeaseReply only
+  bool ok = true;     // kLeaseReply only
+  uint32_t code = 0;  // kLeaseReply with !ok: the absl::StatusCode of the refusal; 0 = none was sent
   std::string payload;
 };
 struct GetRequest {
@@ -167,7 +171,10 @@ inline std::string Encode(const HelloReply& m) {
 inline std::string Encode(const LeaseMessage& m, bool reply) {
   internal::Writer w;
   w.Put(m.request_id);
-  if (reply) w.Put(static_cast<uint8_t>(m.ok ? 1 : 0));
+  if (reply) {
+    w.Put(static_cast<uint8_t>(m.ok ? 1 : (m.code != 0 ? 2 : 0)));
+    if (!m.ok && m.code != 0) w.Put(m.code);
+  }
   w.Bytes(m.payload.data(), m.payload.size());
   return w.Take();
 }
@@ -222,9 +229,10 @@ inline std::optional<HelloReply> DecodeHelloReply(std::span<const std::byte> in)
 inline std::optional<LeaseMessage> DecodeLeaseMessage(std::span<const std::byte> in, bool reply) {
   internal::Reader r(in);
   LeaseMessage m;
-  uint8_t ok = 1;
-  if (!r.Get(m.request_id) || (reply && (!r.Get(ok) || ok > 1))) return std::nullopt;
-  m.ok = ok == 1;
+  uint8_t status = 1;
+  if (!r.Get(m.request_id) || (reply && (!r.Get(status) || status > 2))) return std::nullopt;
+  m.ok = status == 1;
+  if (status == 2 && (!r.Get(m.code) || m.code == 0)) return std::nullopt;
   m.payload.resize(r.left());
   if (!r.Bytes(m.payload.data(), m.payload.size())) return std::nullopt;
   return m;
