@@ -23,6 +23,7 @@
 #include "kvtier/common/checksum.h"
 #include "kvtier/common/host_port.h"
 #include "kvtier/common/similarity.h"
+#include "kvtier/common/status_macros.h"
 #include "kvtier/v1/admin.grpc.pb.h"
 #include "kvtier/v1/cache.grpc.pb.h"
 #include "kvtier/wire/channel_security.h"
@@ -203,6 +204,16 @@ struct Member {
     std::lock_guard<std::mutex> lock(mu);
     return node_id;
   }
+
+  // `status` (a refusal: IsRefusal) as the caller sees it: the member's code, and its message after
+  // the member and the RPC, e.g. "member node-1 (10.0.0.1:7400) refused Allocate: namespace.layout:
+  // a block is 2097152 bytes, this server accepts at most 1048576".
+  absl::Status Refused(const char* rpc, const absl::Status& status) const {
+    const std::string id = NodeId();
+    return absl::Status(
+        status.code(), absl::StrCat("member ", id.empty() ? address : absl::StrCat(id, " (", address, ")"), " refused ",
+                                    rpc, ": ", status.message()));
+  }
 };
 
 // An immutable ring and the member behind each of its indices. Calls hold the view they started with.
@@ -233,6 +244,38 @@ std::vector<grpc::Status> RunAll(size_t n, absl::Duration timeout, bool wait_for
   done.wait();
   return statuses;
 }
+
+// Whether a member's answer refuses the request itself rather than failing to serve it: a bad
+// request (InvalidArgument: a block above the member's limits.max_block_bytes, a layout or key set it
+// will not take) or one it will not serve to this caller (PermissionDenied, Unauthenticated). No
+// retry and no other member would answer it otherwise, so the call returns it (client.h, "Errors");
+// every other failure (Unavailable, DeadlineExceeded, Cancelled, ...) is a dead or slow member and
+// becomes per-block misses from error / kError.
+bool IsRefusal(absl::StatusCode code) {
+  return code == absl::StatusCode::kInvalidArgument || code == absl::StatusCode::kPermissionDenied ||
+         code == absl::StatusCode::kUnauthenticated;
+}
+
+// The first refusal among a call's RPCs (IsRefusal), recorded by the call's threads.
+class CallRefusal {
+ public:
+  void Record(absl::Status refusal) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (first_.ok()) first_ = std::move(refusal);
+  }
+  bool refused() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return !first_.ok();
+  }
+  absl::Status status() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return first_;
+  }
+
+ private:
+  mutable std::mutex mu_;
+  absl::Status first_;  // guarded by mu_
+};
 
 }  // namespace
 
@@ -402,9 +445,11 @@ class Client::Impl {
   // the lease.
   // Returns false, with nothing done to `results`, when the member answered the lease only over gRPC (a
   // kLease unanswered in time, its endpoint dropped): the caller may move these bytes over gRPC instead.
+  // A lease the member refused (IsRefusal) is recorded in `refusal`.
   bool GetOverUcx(Member& member, UcxClient::EndpointId endpoint, const v1::Namespace& pns,
                   std::span<const BlockKey> keys, std::span<const uint32_t> idx, uint64_t block_bytes,
-                  std::span<const std::span<std::byte>> buffers, std::span<GetResult> results, absl::Time deadline) {
+                  std::span<const std::span<std::byte>> buffers, std::span<GetResult> results, absl::Time deadline,
+                  CallRefusal& refusal) {
     v1::ReadRequest req;
     *req.mutable_namespace_() = pns;
     wire::EncodeKeys(keys, req.mutable_keys());
@@ -427,21 +472,34 @@ class Client::Impl {
       auto answer = ucx->Lease(endpoint, req.SerializeAsString(), ucx_deadline);
       got = answer.ok() && head.ParseFromString(*answer) && static_cast<size_t>(head.blocks_size()) == idx.size();
       stats.ucx_leases.fetch_add(got ? 1 : 0, std::memory_order_relaxed);
+      if (!answer.ok() && IsRefusal(answer.status().code())) {
+        stats.rpc_errors.fetch_add(1, std::memory_order_relaxed);
+        refusal.Record(member.Refused("Lease", answer.status()));
+        return true;  // the endpoint is fine: the member answered
+      }
       if (!got && !answer.ok() && answer.status().code() == absl::StatusCode::kDeadlineExceeded) {
         head.Clear();
         grpc::ClientContext ctx;
         ctx.set_deadline(absl::ToChronoTime(deadline));
-        got = member.cache->Lease(&ctx, req, &head).ok() && static_cast<size_t>(head.blocks_size()) == idx.size();
+        const grpc::Status st = member.cache->Lease(&ctx, req, &head);
+        got = st.ok() && static_cast<size_t>(head.blocks_size()) == idx.size();
         if (got) {  // a slow server, not a dead one: its UCX endpoint was dropped, so gRPC bytes this time
           ReleaseLease(member, head.lease_id(), deadline);
           UcxEndpointFailed(member, endpoint);
           return false;
         }
+        if (IsRefusal(wire::FromGrpc(st).code())) refusal.Record(member.Refused("Lease", wire::FromGrpc(st)));
       }
     } else {
       grpc::ClientContext ctx;
       ctx.set_deadline(absl::ToChronoTime(deadline));
-      got = member.cache->Lease(&ctx, req, &head).ok() && static_cast<size_t>(head.blocks_size()) == idx.size();
+      const grpc::Status st = member.cache->Lease(&ctx, req, &head);
+      got = st.ok() && static_cast<size_t>(head.blocks_size()) == idx.size();
+      if (IsRefusal(wire::FromGrpc(st).code())) {
+        stats.rpc_errors.fetch_add(1, std::memory_order_relaxed);
+        refusal.Record(member.Refused("Lease", wire::FromGrpc(st)));
+        return true;  // the endpoint is fine: the member answered
+      }
     }
     if (!got) {
       stats.rpc_errors.fetch_add(1, std::memory_order_relaxed);
@@ -505,16 +563,17 @@ class Client::Impl {
   }
 
   // Reads `keys` (block idx[k] of the call) from `member` into buffers[idx[k]] and sets results[idx[k]]
-  // (left kMissFromError when the owner fails or misses `deadline`).
+  // (left kMissFromError when the owner fails or misses `deadline`). A refusal of the request
+  // (IsRefusal) is recorded in `refusal`.
   void ReadBatch(Member& member, const v1::Namespace& pns, std::span<const BlockKey> keys,
                  std::span<const uint32_t> idx, uint64_t block_bytes, std::span<const std::span<std::byte>> buffers,
-                 std::span<GetResult> results, absl::Time deadline) {
+                 std::span<GetResult> results, absl::Time deadline, CallRefusal& refusal) {
     v1::ReadRequest req;
     *req.mutable_namespace_() = pns;
     if (options.transport != "grpc") {
       if (auto endpoint = UcxEndpoint(member, deadline);
           endpoint.has_value() &&
-          GetOverUcx(member, *endpoint, pns, keys, idx, block_bytes, buffers, results, deadline)) {
+          GetOverUcx(member, *endpoint, pns, keys, idx, block_bytes, buffers, results, deadline, refusal)) {
         return;
       }
       if (options.transport == "ucx") {  // no fallback: these blocks are misses from error
@@ -530,7 +589,8 @@ class Client::Impl {
     std::vector<uint64_t> received(idx.size(), 0);
     std::vector<v1::BlockStatus> status;
     bool protocol_ok = true;
-    if (reader->Read(&msg) && static_cast<size_t>(msg.blocks_size()) == idx.size()) {
+    const bool have_head = reader->Read(&msg);  // false: the stream ended, with an error (Finish says which)
+    if (have_head && static_cast<size_t>(msg.blocks_size()) == idx.size()) {
       status.assign(msg.blocks().begin(), msg.blocks().end());
       while (reader->Read(&msg)) {
         const uint32_t k = msg.index();
@@ -544,10 +604,11 @@ class Client::Impl {
       }
     } else {
       protocol_ok = false;
-      ctx.TryCancel();  // don't wait for the rest of a stream we cannot use
+      if (have_head) ctx.TryCancel();  // don't wait for the rest of a stream we cannot use
     }
     const grpc::Status st = reader->Finish();
     if (!st.ok() || !protocol_ok) stats.rpc_errors.fetch_add(1, std::memory_order_relaxed);
+    if (const absl::Status s = wire::FromGrpc(st); IsRefusal(s.code())) refusal.Record(member.Refused("Read", s));
     for (size_t k = 0; k < idx.size(); ++k) {
       const uint32_t i = idx[k];
       if (k < status.size() && !status[k].present()) {
@@ -566,16 +627,17 @@ class Client::Impl {
 
   // Two-phase put of one batch to `member`: keys[k] from blocks[k] (each block_bytes long, borrowed for
   // the call) at prefix depth depths[k]. Sets results[k]; they stay kError when the owner fails.
-  void PutBatch(Member& member, const v1::Namespace& pns, std::span<const BlockKey> keys,
-                std::span<const uint32_t> depths, std::span<const std::span<const std::byte>> blocks,
-                uint64_t block_bytes, std::span<PutResult> results) {
+  // Returns OK, or the member's refusal of the request (IsRefusal; results then say nothing).
+  absl::Status PutBatch(Member& member, const v1::Namespace& pns, std::span<const BlockKey> keys,
+                        std::span<const uint32_t> depths, std::span<const std::span<const std::byte>> blocks,
+                        uint64_t block_bytes, std::span<PutResult> results) {
     v1::CacheService::Stub& stub = *member.cache;
     std::optional<UcxClient::EndpointId> ucx_endpoint;
     if (options.transport != "grpc") {
       ucx_endpoint = UcxEndpoint(member, absl::Now() + options.rpc_timeout);
       if (!ucx_endpoint.has_value() && options.transport == "ucx") {
         stats.rpc_errors.fetch_add(1, std::memory_order_relaxed);
-        return;  // no fallback: all kError
+        return absl::OkStatus();  // no fallback: all kError
       }
     }
     // Phase 1: reserve.
@@ -587,10 +649,12 @@ class Client::Impl {
     {
       grpc::ClientContext ctx;
       SetDeadline(ctx);
-      if (!stub.Allocate(&ctx, areq, &aresp).ok() || static_cast<size_t>(aresp.results_size()) != keys.size()) {
+      const absl::Status st = wire::FromGrpc(stub.Allocate(&ctx, areq, &aresp));
+      if (!st.ok() || static_cast<size_t>(aresp.results_size()) != keys.size()) {
         stats.rpc_errors.fetch_add(1, std::memory_order_relaxed);
+        if (IsRefusal(st.code())) return member.Refused("Allocate", st);         // it answered: the endpoint is fine
         if (ucx_endpoint.has_value()) UcxEndpointFailed(member, *ucx_endpoint);  // see GetOverUcx
-        return;                                                                  // all kError
+        return absl::OkStatus();                                                 // all kError
       }
     }
     std::vector<uint32_t> allocated;  // positions k within keys
@@ -613,7 +677,7 @@ class Client::Impl {
           break;
       }
     }
-    if (allocated.empty()) return;
+    if (allocated.empty()) return absl::OkStatus();
     // Phase 1b: the bytes into the reserved slots: over UCX straight into them, or streamed over gRPC.
     auto ComputeChecksums = [&] {
       std::vector<uint64_t> sums(keys.size(), 0);
@@ -622,6 +686,7 @@ class Client::Impl {
     };
     std::vector<uint64_t> checksums;
     bool ok = true;
+    absl::Status refused;  // a refusal of WriteBlocks or Commit (IsRefusal)
     if (ucx_endpoint.has_value()) {
       std::vector<uint32_t> indices(allocated.begin(), allocated.end());
       std::vector<std::span<const std::byte>> data;
@@ -656,7 +721,9 @@ class Client::Impl {
         if (!ok) break;
       }
       writer->WritesDone();
-      ok = writer->Finish().ok() && ok;
+      const absl::Status st = wire::FromGrpc(writer->Finish());
+      if (IsRefusal(st.code())) refused = member.Refused("WriteBlocks", st);
+      ok = st.ok() && ok;
     }
     // Phase 2: commit with checksums (entries for keys not allocated are ignored by the server).
     v1::CommitRequest creq;
@@ -667,7 +734,9 @@ class Client::Impl {
     if (ok) {
       grpc::ClientContext ctx;
       SetDeadline(ctx);
-      ok = stub.Commit(&ctx, creq, &cresp).ok() && static_cast<size_t>(cresp.results_size()) == keys.size();
+      const absl::Status st = wire::FromGrpc(stub.Commit(&ctx, creq, &cresp));
+      if (IsRefusal(st.code())) refused = member.Refused("Commit", st);
+      ok = st.ok() && static_cast<size_t>(cresp.results_size()) == keys.size();
     }
     if (!ok) {
       stats.rpc_errors.fetch_add(1, std::memory_order_relaxed);
@@ -678,7 +747,7 @@ class Client::Impl {
       abreq.set_reservation_id(aresp.reservation_id());
       v1::AbortResponse abresp;
       (void)stub.Abort(&ctx, abreq, &abresp);
-      return;  // the allocated blocks stay kError
+      return refused;  // the allocated blocks stay kError
     }
     uint64_t mismatched = 0;
     for (uint32_t k : allocated) {
@@ -688,6 +757,7 @@ class Client::Impl {
     }
     // The server saw other bytes than we sent: count it like a corrupt read.
     stats.checksum_failures.fetch_add(mismatched, std::memory_order_relaxed);
+    return absl::OkStatus();
   }
 
   void SetDeadline(grpc::ClientContext& ctx) const {
@@ -870,7 +940,7 @@ class Client::Impl {
   }
 
   // The Replicator's put: `task` to its owner on the ring now, in put_batch_blocks batches.
-  // Errors: Unavailable (the owner is not in the ring).
+  // Errors: Unavailable (the owner is not in the ring), or the owner's refusal (IsRefusal).
   absl::StatusOr<std::vector<PutResult>> PutReplica(const ReplicaTask& task) {
     const std::shared_ptr<const RingView> view = View();
     const std::shared_ptr<Member> member = RingMember(*view, task.node_id);
@@ -890,7 +960,8 @@ class Client::Impl {
         depths.push_back(task.blocks[k].depth);
         data.push_back(*task.blocks[k].bytes);
       }
-      PutBatch(*member, pns, keys, depths, data, block_bytes, std::span(results).subspan(off, end - off));
+      KVTIER_RETURN_IF_ERROR(
+          PutBatch(*member, pns, keys, depths, data, block_bytes, std::span(results).subspan(off, end - off)));
       // An owner that failed a batch is down: leave the rest kError (hinted) rather than wait again.
       if (std::all_of(results.begin() + off, results.begin() + end, [](PutResult r) { return r == PutResult::kError; }))
         break;
@@ -1280,7 +1351,8 @@ absl::StatusOr<LookupResult> Client::LookupPrefix(const Namespace& ns, std::span
   std::vector<uint8_t> answered(fps.size(), 0);
   std::vector<uint32_t> pending(fps.size());
   for (uint32_t i = 0; i < pending.size(); ++i) pending[i] = i;
-  for (size_t attempt = 0; !pending.empty(); ++attempt) {
+  absl::Status refused;  // the first owner's refusal of the request (IsRefusal): the call's error
+  for (size_t attempt = 0; !pending.empty() && refused.ok(); ++attempt) {
     const OwnerGroups groups = Impl::GroupByAttempt(plan, pending, attempt, per);
     const size_t n = groups.size();
     std::vector<v1::LookupRequest> reqs(n);
@@ -1310,6 +1382,9 @@ absl::StatusOr<LookupResult> Client::LookupPrefix(const Namespace& ns, std::span
       const auto& idx = groups[g].second;
       if (!statuses[g].ok() || static_cast<size_t>(resps[g].present_size()) != idx.size() * tp) {
         im.stats.rpc_errors.fetch_add(1, std::memory_order_relaxed);
+        if (const absl::Status st = wire::FromGrpc(statuses[g]); IsRefusal(st.code()) && refused.ok()) {
+          refused = view->owners[groups[g].first]->Refused("Lookup", st);
+        }
         continue;  // these blocks stay unanswered: the next owner is asked, if any
       }
       for (size_t k = 0; k < idx.size(); ++k) {
@@ -1327,6 +1402,7 @@ absl::StatusOr<LookupResult> Client::LookupPrefix(const Namespace& ns, std::span
     });
     im.stats.replica_read_blocks.fetch_add(found_on_replica, std::memory_order_relaxed);
   }
+  if (!refused.ok()) return refused;
   for (uint8_t a : answered) result.blocks_from_errors += a == 0;
   while (result.prefix_blocks < fps.size() && result.present[result.prefix_blocks]) ++result.prefix_blocks;
   im.stats.misses_from_errors.fetch_add(result.blocks_from_errors, std::memory_order_relaxed);
@@ -1371,7 +1447,8 @@ absl::StatusOr<std::vector<GetResult>> Client::Get(const Namespace& ns, std::spa
   std::vector<uint32_t> pending(fps.size());
   for (uint32_t i = 0; i < pending.size(); ++i) pending[i] = i;
   uint64_t corrupt = 0;  // every copy that failed its checksum, whichever attempt
-  for (size_t attempt = 0; !pending.empty(); ++attempt) {
+  CallRefusal refusal;   // the first owner's refusal of the request (IsRefusal): the call's error
+  for (size_t attempt = 0; !pending.empty() && !refusal.refused(); ++attempt) {
     const OwnerGroups groups = im.GroupByAttempt(plan, pending, attempt, im.options.max_blocks_per_request);
     std::vector<GetResult> before(pending.size());
     for (size_t p = 0; p < pending.size(); ++p) {
@@ -1384,7 +1461,7 @@ absl::StatusOr<std::vector<GetResult>> Client::Get(const Namespace& ns, std::spa
       keys.reserve(idx.size());
       for (uint32_t i : idx) keys.push_back({fps[i], shard});
       const absl::Time deadline = Impl::AttemptDeadline(call_deadline, plan.OwnersLeft(idx, attempt));
-      im.ReadBatch(*view->owners[owner], pns, keys, idx, block_bytes, buffers, results, deadline);
+      im.ReadBatch(*view->owners[owner], pns, keys, idx, block_bytes, buffers, results, deadline, refusal);
     });
     for (size_t p = 0; p < pending.size(); ++p) {
       GetResult& r = results[pending[p]];
@@ -1401,6 +1478,7 @@ absl::StatusOr<std::vector<GetResult>> Client::Get(const Namespace& ns, std::spa
     });
     im.stats.replica_read_blocks.fetch_add(served_by_replica, std::memory_order_relaxed);
   }
+  if (refusal.refused()) return refusal.status();
   im.PromoteHot(*view, ns, fps, shard, buffers, first_block_index, results);
 
   uint64_t hits = 0, from_errors = 0;
@@ -1456,7 +1534,9 @@ absl::StatusOr<std::vector<PutResult>> Client::Put(const Namespace& ns, std::spa
   }
   v1::Namespace pns;
   wire::ToProto(ns, &pns);
+  CallRefusal refusal;  // the first owner's refusal of the request (IsRefusal): the call's error
 
+  // Puts batch g; true when its owner should get no more batches in this call.
   auto put_batch = [&](size_t g) {
     const auto& [owner, idx] = groups[g];
     std::vector<BlockKey> keys;
@@ -1468,7 +1548,10 @@ absl::StatusOr<std::vector<PutResult>> Client::Put(const Namespace& ns, std::spa
       data.push_back(blocks[i]);
     }
     std::vector<PutResult> batch(idx.size(), PutResult::kError);
-    im.PutBatch(*view->owners[owner], pns, keys, depths, data, block_bytes, batch);
+    if (absl::Status s = im.PutBatch(*view->owners[owner], pns, keys, depths, data, block_bytes, batch); !s.ok()) {
+      refusal.Record(std::move(s));
+      return true;  // the rest would be refused too
+    }
     for (size_t k = 0; k < idx.size(); ++k) results[idx[k]] = batch[k];
     return std::all_of(batch.begin(), batch.end(), [](PutResult p) { return p == PutResult::kError; });
   };
@@ -1479,7 +1562,7 @@ absl::StatusOr<std::vector<PutResult>> Client::Put(const Namespace& ns, std::spa
       if (put_batch(g)) break;
     }
   });
-  im.EnqueueReplicas(*view, ns, fps, shard, blocks, first_block_index, results);
+  if (!refusal.refused()) im.EnqueueReplicas(*view, ns, fps, shard, blocks, first_block_index, results);
 
   uint64_t stored = 0, rejected = 0;
   for (PutResult r : results) {
@@ -1489,6 +1572,7 @@ absl::StatusOr<std::vector<PutResult>> Client::Put(const Namespace& ns, std::spa
   im.stats.put_stored_blocks.fetch_add(stored, std::memory_order_relaxed);
   im.stats.put_stored_bytes.fetch_add(stored * block_bytes, std::memory_order_relaxed);
   im.stats.put_rejected_blocks.fetch_add(rejected, std::memory_order_relaxed);
+  if (refusal.refused()) return refusal.status();  // blocks other owners stored stay stored (and counted)
   return results;
 }
 

@@ -1,10 +1,12 @@
 #include "client/replication.h"
 
 #include <algorithm>
+#include <chrono>
 #include <utility>
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
+#include "kvtier/common/log.h"
 
 namespace kvtier::client {
 
@@ -144,6 +146,13 @@ bool Replicator::PutOrHint(ReplicaTask task, bool from_hints) {
     down_until_[task.node_id] = absl::Now() + options_.hint_retry_interval;
   };
   absl::StatusOr<std::vector<PutResult>> results = hooks_.put(task);
+  if (!results.ok() && results.status().code() != absl::StatusCode::kUnavailable) {
+    // The owner refused the request itself: no hint would be taken either.
+    if (!from_hints) stats_.replica_put_failures.fetch_add(n, std::memory_order_relaxed);
+    KVTIER_LOG_EVERY(std::chrono::seconds(10), warn, "kvtier: replica put to {} refused: {}", task.node_id,
+                     results.status().ToString());
+    return true;  // it answered
+  }
   if (!results.ok() || results->size() != n) {  // the owner is not in the ring
     if (!from_hints) {
       stats_.replica_put_failures.fetch_add(n, std::memory_order_relaxed);

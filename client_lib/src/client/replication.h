@@ -90,7 +90,10 @@ class Replicator {
   };
   struct Hooks {
     // Stores `task` on its owner; per-block results in task order. Errors: Unavailable (the owner is
-    // not in the ring now). An owner that fails or times out gives OK with kError blocks.
+    // not in the ring now: the blocks are hinted), any other code (the owner refused the request, e.g.
+    // InvalidArgument for a block above its limits.max_block_bytes: the blocks are dropped and counted,
+    // since no later attempt would be answered otherwise). An owner that fails or times out gives OK
+    // with kError blocks.
     std::function<absl::StatusOr<std::vector<PutResult>>(const ReplicaTask&)> put;
     // Whether the owner named `node_id` is in the ring now (hints are tried only then).
     std::function<bool(const std::string& node_id)> in_ring;

@@ -430,14 +430,39 @@ TEST_F(SecurityTest, CallsWithoutAValidTokenAreUnauthenticated) {
     v1::GetInfoResponse info;
     EXPECT_EQ(admin->GetInfo(&info_ctx, v1::GetInfoRequest(), &info).error_code(), grpc::StatusCode::UNAUTHENTICATED);
   }
-  // The client library without a token: every block is a miss from error, never a hit.
+  // The client library without a token: the server's refusal is the call's error, with its code and
+  // message (never a hit, and not a silent miss that looks like a cold cache).
   client::ClientOptions options = ClientOptionsFor("");
   options.members = {absl::StrCat("secure-node=", server_->address())};
   auto c = client::Client::Connect(options);
   ASSERT_OK(c);
   auto hit = (*c)->LookupPrefix(a, *fa);
-  ASSERT_OK(hit);
-  EXPECT_EQ(hit->prefix_blocks, 0u);
+  EXPECT_EQ(hit.status().code(), absl::StatusCode::kUnauthenticated) << hit.status();
+  EXPECT_NE(hit.status().message().find("no authorization metadata"), absl::string_view::npos) << hit.status();
+  EXPECT_NE(hit.status().message().find("member secure-node ("), absl::string_view::npos) << hit.status();
+  EXPECT_EQ((*c)->stats().misses_from_errors.load(), 0u);
+}
+
+// A worker's token used on another tenant's namespace, through the client library: every call fails
+// with the server's PERMISSION_DENIED and its message.
+TEST_F(SecurityTest, AnotherTenantsNamespaceIsPermissionDeniedThroughTheClient) {
+  const Namespace a = TenantNamespace("tenant-a");
+  auto fa = ChainFingerprints(a, Prompt(2, 9));
+  ASSERT_OK(fa);
+  auto cb = ClientFor(kTokenB);
+  ASSERT_NE(cb, nullptr);
+  const uint64_t size = a.layout.ShardBytes();
+  std::vector<std::vector<std::byte>> data(fa->size(), std::vector<std::byte>(size));
+  std::vector<std::span<const std::byte>> in(data.begin(), data.end());
+  std::vector<std::span<std::byte>> out(data.begin(), data.end());
+  const absl::Status put = cb->Put(a, *fa, 0, in).status();
+  const absl::Status get = cb->Get(a, *fa, 0, out).status();
+  const absl::Status lookup = cb->LookupPrefix(a, *fa).status();
+  for (const absl::Status& s : {put, get, lookup}) {
+    EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied) << s;
+    EXPECT_NE(s.message().find("tenant-a"), absl::string_view::npos) << s;  // the server names what was refused
+  }
+  EXPECT_EQ(cb->stats().misses_from_errors.load(), 0u);
 }
 
 TEST_F(SecurityTest, ClientsWithoutATrustedCertificateAreRefused) {

@@ -244,7 +244,26 @@ struct ClientStats {
 // options.transport allows (one endpoint per member, created once and reused; one UCX worker with its
 // own progress thread per client), else over gRPC streams. A dead or slow owner becomes misses
 // within rpc_timeout, never a hang or an error of the call; each such block is counted in
-// misses_from_errors and reported per block. With replication (ClientOptions::replication_factor), such a
+// misses_from_errors and reported per block.
+//
+// Errors: which answers of a member are per-block outcomes and which fail the call.
+//  - Per block (the call returns OK): present or absent (kHit / kMiss, LookupResult::present),
+//    checksum failures (kChecksumMismatch), already stored, being stored by another writer or no room
+//    (kAlreadyPresent, kInProgress, kNoSpace), and every failure of the member to answer: unreachable,
+//    dead, restarting, past the deadline, Unavailable, Cancelled, ResourceExhausted, Aborted, an
+//    expired lease or reservation (kMissFromError / kError, LookupResult::blocks_from_errors). Asking
+//    again later, or another owner, may succeed.
+//  - The call's error: a member's refusal of the request itself, which no retry and no other member
+//    would answer otherwise: InvalidArgument (e.g. a block above that member's
+//    limits.max_block_bytes, which may be lower than this client's max_block_bytes, or a layout it
+//    does not take), PermissionDenied (the token's tenant is not the namespace's) and Unauthenticated
+//    (no token, or one the member does not know). The status carries the member's code and its
+//    message, after the member and the RPC: "member node-1 (10.0.0.1:7400) refused Allocate:
+//    namespace.layout: a block is 2097152 bytes, this server accepts at most 1048576". It is the
+//    same over gRPC and UCX. When owners answer one call differently, the call still fails with the
+//    first refusal; what other owners did stays done (a Put's blocks they stored stay stored and
+//    counted). Replica puts in the background have no caller: a refused one is counted in
+//    replica_put_failures and logged. With replication (ClientOptions::replication_factor), such a
 // block is first asked of its other owners within the same rpc_timeout, and Put copies blocks to them
 // from a background thread (one per client that replicates).
 // Membership changes (DNS records, health ejections) are applied by one background thread per client,
@@ -265,7 +284,9 @@ class Client {
 
   // How many leading blocks of `fingerprints` (a ChainFingerprints chain of `ns`) the cluster holds, on
   // every TP shard of ns.layout. One batched existence query per owner, in parallel; takes no lease.
-  // Errors: InvalidArgument (invalid namespace, a block above max_block_bytes).
+  // Errors: InvalidArgument (invalid namespace, a block above max_block_bytes), or a member's refusal
+  // of the request with its code (InvalidArgument, PermissionDenied, Unauthenticated; see the class
+  // comment).
   absl::StatusOr<LookupResult> LookupPrefix(const Namespace& ns, std::span<const Fingerprint> fingerprints);
 
   // Fetches shard `shard` of each block into `buffers[i]` (caller-owned host memory, borrowed for the
@@ -273,7 +294,9 @@ class Client {
   // `first_block_index` is the depth of fingerprints[0] in its prompt's chain (hot blocks, see
   // ClientOptions::hot_read_replicas). With replication, a block its first owner cannot serve (error,
   // timeout, checksum mismatch) is asked of the next owner within the same rpc_timeout.
-  // Errors: InvalidArgument (sizes or counts disagree, shard >= tp_size).
+  // Errors: InvalidArgument (sizes or counts disagree, shard >= tp_size, a block above
+  // max_block_bytes), or a member's refusal of the request with its code (InvalidArgument,
+  // PermissionDenied, Unauthenticated; see the class comment): then no buffer holds valid bytes.
   absl::StatusOr<std::vector<GetResult>> Get(const Namespace& ns, std::span<const Fingerprint> fingerprints,
                                              uint32_t shard, std::span<const std::span<std::byte>> buffers,
                                              uint32_t first_block_index = 0);
@@ -289,7 +312,9 @@ class Client {
   // (Allocate, the transfer, Commit) has its own rpc_timeout, so a batch to a dead or stopped owner
   // costs one to two rpc_timeouts; an owner that fails a whole batch gets no more batches in this call
   // (the rest of its blocks are kError at once).
-  // Errors: InvalidArgument (sizes or counts disagree, shard >= tp_size).
+  // Errors: InvalidArgument (sizes or counts disagree, shard >= tp_size, a block above
+  // max_block_bytes), or a member's refusal of the request with its code (InvalidArgument, e.g. a
+  // block above its limits.max_block_bytes; PermissionDenied; Unauthenticated; see the class comment).
   absl::StatusOr<std::vector<PutResult>> Put(const Namespace& ns, std::span<const Fingerprint> fingerprints,
                                              uint32_t shard, std::span<const std::span<const std::byte>> blocks,
                                              uint32_t first_block_index = 0);
