@@ -45,6 +45,16 @@ TEST(CApiTest, CProgramRoundTripsBlocksThroughAThreeNodeCluster) {
   EXPECT_EQ(WEXITSTATUS(status), 0) << "the C program reported failures (see its output above)";
 }
 
+// A server that takes blocks of at most 1 MiB refuses the C program's 2 MiB blocks: the C API returns
+// the server's code (INVALID_ARGUMENT) and message, not a per-block error.
+TEST(CApiTest, CProgramGetsTheServersRefusalOfAnOversizedBlock) {
+  auto p = ServerProcess::Start("c-api-small", {"--max_block_bytes=1MiB"});
+  ASSERT_OK(p);
+  const int status = RunProgram({KVTIER_C_API_TEST_BINARY, "--refusing", (*p)->address()});
+  ASSERT_TRUE(WIFEXITED(status)) << "the C program did not exit normally; wait status " << status;
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "the C program reported failures (see its output above)";
+}
+
 TEST(CApiTest, CProgramRejectsAMissingMemberList) {
   const int status = RunProgram({KVTIER_C_API_TEST_BINARY});
   ASSERT_TRUE(WIFEXITED(status));

@@ -1,6 +1,8 @@
 /*
  * A C11 program that uses only kvtier/kvtier.h and libkvtier: it round-trips KV blocks through a running
- * cluster and checks the error paths. Usage: kvtier_c_api_test HOST:PORT [HOST:PORT...]
+ * cluster and checks the error paths. Usage: kvtier_c_api_test HOST:PORT [HOST:PORT...], or
+ * kvtier_c_api_test --refusing HOST:PORT for a server whose limits.max_block_bytes is below 2 MiB (its
+ * refusal must reach the caller with the server's code and message).
  * Exits 0 when every check passed, 1 otherwise (each failure is printed). c_api_driver_test.cc starts
  * the servers and runs it.
  */
@@ -91,6 +93,75 @@ static void check_error_paths(void) {
   kvtier_client_close(NULL);
 }
 
+/* Against one server that takes blocks of at most 1 MiB: 2 MiB blocks are refused by the server, which
+ * the client alone cannot know (its own limit is 64 MiB). Every call gives the server's code and message. */
+static int check_refusal(const char* member) {
+  enum { kBlocks = 2 };
+  kvtier_kv_layout_t layout;
+  kvtier_namespace_t* ns = NULL;
+  kvtier_client_options_t options;
+  kvtier_client_t* client = NULL;
+  kvtier_error_t err;
+  kvtier_status_code rc;
+  uint32_t tokens[16 * kBlocks];
+  uint8_t fps[kBlocks * KVTIER_FINGERPRINT_BYTES];
+  void* buffers[kBlocks];
+  const void* blocks[kBlocks];
+  kvtier_get_result get_results[kBlocks];
+  kvtier_put_result put_results[kBlocks];
+  uint32_t prefix = 0;
+  size_t count = 0, i;
+  uint64_t block_bytes;
+  const char* members[1];
+
+  kvtier_kv_layout_init(&layout);
+  layout.num_layers = 32; /* [32][2][16][8][128] bf16: 2 MiB */
+  layout.num_kv_heads = 8;
+  layout.head_dim = 128;
+  CHECK_OK(kvtier_namespace_create("c-api-test", "c-api/oversized", NULL, &layout, &ns, NULL));
+  block_bytes = kvtier_namespace_block_bytes(ns);
+  CHECK(block_bytes == 2u << 20, "block_bytes %llu", (unsigned long long)block_bytes);
+  for (i = 0; i < 16 * kBlocks; ++i) tokens[i] = (uint32_t)(i * 7u + 1u);
+  CHECK_OK(kvtier_fingerprint_tokens(ns, tokens, 16 * kBlocks, NULL, fps, kBlocks, &count, NULL));
+  for (i = 0; i < kBlocks; ++i) {
+    buffers[i] = calloc(1, block_bytes);
+    blocks[i] = buffers[i];
+  }
+  kvtier_client_options_init(&options);
+  members[0] = member;
+  options.members = members;
+  options.num_members = 1;
+  options.rpc_timeout_ms = 5000;
+  rc = kvtier_client_connect(&options, &client, &err);
+  if (rc != KVTIER_OK) {
+    fprintf(stderr, "kvtier_client_connect: %s: %s\n", kvtier_status_code_name(rc), err.message);
+    return 1;
+  }
+
+  rc = kvtier_put(client, ns, fps, kBlocks, 0, blocks, block_bytes, 0, put_results, &err);
+  printf("oversized put -> %s: %s\n", kvtier_status_code_name(rc), err.message);
+  CHECK(rc == KVTIER_INVALID_ARGUMENT, "put: got %s", kvtier_status_code_name(rc));
+  CHECK(err.code == KVTIER_INVALID_ARGUMENT, "put: err.code %d", (int)err.code);
+  CHECK(strstr(err.message, "this server accepts at most 1048576") != NULL, "put: message \"%s\"", err.message);
+  CHECK(strstr(err.message, "refused Allocate") != NULL, "put: message \"%s\" names the RPC", err.message);
+  CHECK(kvtier_last_error_code() == KVTIER_INVALID_ARGUMENT, "put: last code %d", (int)kvtier_last_error_code());
+  CHECK(strcmp(kvtier_last_error_message(), err.message) == 0, "put: last message \"%s\"", kvtier_last_error_message());
+
+  rc = kvtier_get(client, ns, fps, kBlocks, 0, buffers, block_bytes, get_results, NULL, &err);
+  CHECK(rc == KVTIER_INVALID_ARGUMENT, "get: got %s", kvtier_status_code_name(rc));
+  CHECK(strstr(err.message, "this server accepts at most 1048576") != NULL, "get: message \"%s\"", err.message);
+
+  rc = kvtier_lookup_prefix(client, ns, fps, kBlocks, &prefix, NULL, NULL, &err);
+  CHECK(rc == KVTIER_INVALID_ARGUMENT, "lookup: got %s", kvtier_status_code_name(rc));
+  CHECK(strstr(err.message, "this server accepts at most 1048576") != NULL, "lookup: message \"%s\"", err.message);
+
+  for (i = 0; i < kBlocks; ++i) free(buffers[i]);
+  kvtier_namespace_free(ns);
+  kvtier_client_close(client);
+  printf("%s: %d failure(s)\n", g_failures == 0 ? "PASS" : "FAIL", g_failures);
+  return g_failures == 0 ? 0 : 1;
+}
+
 int main(int argc, char** argv) {
   enum { kTokens = 16 * 24 + 5, kBlocks = 24, kStored = 16 };
   uint32_t tokens[kTokens];
@@ -115,8 +186,12 @@ int main(int argc, char** argv) {
   uint64_t block_bytes;
 
   if (argc < 2) {
-    fprintf(stderr, "usage: %s HOST:PORT [HOST:PORT...]\n", argv[0]);
+    fprintf(stderr, "usage: %s HOST:PORT [HOST:PORT...] | --refusing HOST:PORT\n", argv[0]);
     return 2;
+  }
+  if (strcmp(argv[1], "--refusing") == 0) {
+    if (argc != 3) return 2;
+    return check_refusal(argv[2]);
   }
   printf("kvtier %s, %d member(s)\n", kvtier_version(), argc - 1);
   check_error_paths();

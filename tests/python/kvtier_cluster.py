@@ -17,7 +17,7 @@ import signal
 import subprocess
 import tempfile
 import time
-from typing import List, Optional
+from typing import List, Optional, Sequence
 
 _PR_SET_PDEATHSIG = 1
 
@@ -42,7 +42,7 @@ def server_binary() -> str:
 class Server:
     """One kvtier-server child process."""
 
-    def __init__(self, node_id: str, workdir: str, host_cache_bytes: str = "128MiB"):
+    def __init__(self, node_id: str, workdir: str, host_cache_bytes: str = "128MiB", extra_args: Sequence[str] = ()):
         self.node_id = node_id
         self.port_file = os.path.join(workdir, f"{node_id}.port")
         self.log_path = os.path.join(workdir, f"{node_id}.log")
@@ -59,6 +59,7 @@ class Server:
                 # hybrid model, each a size of its own) gets slabs without evicting another size's.
                 "--slab_bytes=8MiB",
                 "--max_block_bytes=8MiB",
+                *extra_args,  # after the defaults: a repeated flag takes its last value
             ],
             stdout=self._log,
             stderr=subprocess.STDOUT,
@@ -99,12 +100,13 @@ class Server:
 class Cluster:
     """N servers in a temporary directory; stop() ends them and removes it."""
 
-    def __init__(self, nodes: int = 3, prefix: str = "py", host_cache_bytes: str = "128MiB"):
+    def __init__(self, nodes: int = 3, prefix: str = "py", host_cache_bytes: str = "128MiB",
+                 extra_args: Sequence[str] = ()):
         self.workdir = tempfile.mkdtemp(prefix="kvtier-pytest-")
         self.servers: List[Server] = []
         try:
             for i in range(1, nodes + 1):
-                self.servers.append(Server(f"{prefix}-{i}", self.workdir, host_cache_bytes))
+                self.servers.append(Server(f"{prefix}-{i}", self.workdir, host_cache_bytes, extra_args))
         except BaseException:
             self.stop()
             raise

@@ -463,5 +463,32 @@ class DeadMemberTest(unittest.TestCase):
             kvtier.Client([])
 
 
+class ServerRefusalTest(unittest.TestCase):
+    """A server's refusal of the request itself raises with the server's code and message."""
+
+    def test_a_servers_refusal_raises_with_its_code_and_message(self):
+        # The server takes blocks of at most 1 MiB, the client up to 64 MiB: only the server can refuse
+        # 2 MiB blocks, and its code and text reach Python (not a per-block ERROR or MISS_FROM_ERROR).
+        cluster = kvtier_cluster.Cluster(1, prefix="small", extra_args=["--max_block_bytes=1MiB"])
+        try:
+            ns = llama_like(kvtier_cluster.unique("oversized"))
+            self.assertEqual(ns.block_bytes, 2 << 20)
+            fps = kvtier.fingerprints(ns, prompt(16 * 2))
+            blocks = random_blocks(ns, 2, seed=5)
+            with kvtier.Client(cluster.members, rpc_timeout_ms=5000) as c:
+                calls = [("put", lambda: c.put(ns, fps, blocks)),
+                         ("get", lambda: c.get(ns, fps, np.zeros_like(blocks))),
+                         ("lookup", lambda: c.lookup(ns, fps))]
+                for name, call in calls:
+                    with self.assertRaises(kvtier.InvalidArgumentError, msg=name) as cm:
+                        call()
+                    self.assertEqual(cm.exception.code_name, "INVALID_ARGUMENT", name)
+                    self.assertIn("this server accepts at most 1048576", str(cm.exception), name)
+                    self.assertIn("member small-1 (127.0.0.1:", str(cm.exception), name)
+                self.assertEqual(c.stats()["misses_from_errors"], 0)
+        finally:
+            cluster.stop()
+
+
 if __name__ == "__main__":
     unittest.main()

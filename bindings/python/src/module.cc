@@ -900,7 +900,8 @@ Use as a context manager, or call close().)doc")
           py::arg("ns"), py::arg("fingerprints"), R"doc(
 How many leading blocks of `fingerprints` (a chain of `ns`) the cluster holds on every TP shard. The
 engine may reuse lookup(...) * ns.block_tokens tokens (subject to its own cap, e.g. len(prompt) - 1).
-fingerprints: a list of 32-byte values, or a uint8 [n, 32] array. No lease is taken.)doc")
+fingerprints: a list of 32-byte values, or a uint8 [n, 32] array. No lease is taken.
+A dead or slow member counts as misses; a member's refusal of the request raises (see get()).)doc")
       .def("lookup_detail", &LookupDetail, py::arg("ns"), py::arg("fingerprints"),
            "Like lookup(), with per-block presence and the count of blocks lost to errors.")
       .def("get", &GetBlocks, py::arg("ns"), py::arg("fingerprints"), py::arg("buffers"), py::arg("shard") = 0,
@@ -913,12 +914,17 @@ buffers: a list of n writable, C-contiguous host buffers of exactly ns.block_byt
   n * ns.block_bytes bytes, e.g. a numpy array of shape [n, num_layers, 2, block_tokens,
   num_kv_heads // tp_size, head_dim] (bf16 may be held as uint16).
 Raises InvalidArgumentError / ValueError on size or count mismatches, BufferError for read-only or
-non-contiguous buffers, ValueError for GPU memory.)doc")
+non-contiguous buffers, ValueError for GPU memory. A dead or slow member never raises (its blocks are
+MISS_FROM_ERROR); a member's refusal of the request raises with its code and message, naming the member:
+InvalidArgumentError (e.g. blocks above that server's limits.max_block_bytes), or kvtier.Error with
+code_name PERMISSION_DENIED / UNAUTHENTICATED.)doc")
       .def("put", &PutBlocks, py::arg("ns"), py::arg("fingerprints"), py::arg("buffers"), py::arg("shard") = 0,
            py::arg("first_block_index") = 0, R"doc(
 Stores TP shard `shard` of each block from caller memory (buffers as for get(), read-only allowed);
 returns one PutResult per block. first_block_index: index of fingerprints[0] in its prompt's chain (the
-hit length when storing the blocks after a hit); eviction policies use it.)doc")
+hit length when storing the blocks after a hit); eviction policies use it. A dead or slow member never
+raises (its blocks are ERROR); a member's refusal raises as for get(), and blocks other members stored in
+the same call stay stored.)doc")
       .def("get_ptrs", &GetPtrs, py::arg("ns"), py::arg("fingerprints"), py::arg("ptrs"), py::arg("sizes"),
            py::arg("shard") = 0, R"doc(
 get() into raw host addresses (ints), for engines whose pools hand out pointers (SGLang's

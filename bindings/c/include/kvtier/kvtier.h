@@ -14,7 +14,14 @@
  *    kvtier_last_error_message() afterwards. The latter is thread-local and describes the most recent
  *    call on this thread that returned a code (empty after a success).
  *  - Cache misses are not errors: they are per-block results (kvtier_get_result). A dead or slow server
- *    turns into KVTIER_GET_MISS_FROM_ERROR within rpc_timeout_ms, never into a hang.
+ *    turns into KVTIER_GET_MISS_FROM_ERROR / KVTIER_PUT_ERROR within rpc_timeout_ms, never into a hang
+ *    or an error code. A server's refusal of the request itself is the call's error, with the
+ *    server's code and its message after the member and the RPC ("member node-1 (10.0.0.1:7400)
+ *    refused Allocate: namespace.layout: a block is 2097152 bytes, this server accepts at most
+ *    1048576"): INVALID_ARGUMENT (e.g. a block above that server's limits.max_block_bytes),
+ *    PERMISSION_DENIED (the token's tenant is not the namespace's), UNAUTHENTICATED (no or an unknown
+ *    token). Retrying such a call, or asking another server, gives the same answer. Which answers are
+ *    which: kvtier/client/client.h, "Errors", on class Client.
  *  - Ownership: handles come from kvtier_namespace_create and kvtier_client_connect and are released
  *    by kvtier_namespace_free and kvtier_client_close (which accept and ignore NULL). Every pointer
  *    argument is borrowed for the duration of the call only.
@@ -203,7 +210,8 @@ KVTIER_API void kvtier_client_close(kvtier_client_t* client);
  * cluster holds on every TP shard; reusable tokens = *out_prefix_blocks * block_tokens. `out_present`
  * (may be NULL) receives num_blocks bytes, 1 where that block is present. `out_blocks_from_errors`
  * (may be NULL) receives how many blocks were counted as misses because their owner failed.
- * Errors: INVALID_ARGUMENT. */
+ * Errors: INVALID_ARGUMENT (bad arguments), or a server's refusal with its code (INVALID_ARGUMENT,
+ * PERMISSION_DENIED, UNAUTHENTICATED; see Conventions). */
 KVTIER_API kvtier_status_code kvtier_lookup_prefix(kvtier_client_t* client, const kvtier_namespace_t* ns,
                                                    const uint8_t* fingerprints, size_t num_blocks,
                                                    uint32_t* out_prefix_blocks, uint8_t* out_present,
@@ -223,13 +231,16 @@ typedef enum kvtier_put_result {
   KVTIER_PUT_ALREADY_PRESENT = 1, /* the owner had it (its recency was refreshed) */
   KVTIER_PUT_IN_PROGRESS = 2,     /* another writer is storing it now */
   KVTIER_PUT_NO_SPACE = 3,        /* the owner had nothing evictable */
-  KVTIER_PUT_ERROR = 4            /* the owner failed, timed out or was unreachable (counted) */
+  KVTIER_PUT_ERROR = 4            /* the owner failed, timed out or was unreachable (counted); a refusal
+                                     of the request is the call's error code instead */
 } kvtier_put_result;
 
 /* Fetches TP shard `shard` of each of num_blocks blocks into buffers[i] (host memory, each exactly
  * `buffer_bytes` = kvtier_namespace_block_bytes(ns) long). out_results[i] (num_blocks entries,
  * required) says which buffers hold valid bytes: only KVTIER_GET_HIT ones do. `out_hits` (may be NULL)
- * receives the number of hits. Errors: INVALID_ARGUMENT (wrong buffer_bytes, shard >= tp_size, NULLs). */
+ * receives the number of hits. Errors: INVALID_ARGUMENT (wrong buffer_bytes, shard >= tp_size, NULLs), or
+ * a server's refusal with its code (INVALID_ARGUMENT, PERMISSION_DENIED, UNAUTHENTICATED; see Conventions);
+ * then no buffer holds valid bytes. */
 KVTIER_API kvtier_status_code kvtier_get(kvtier_client_t* client, const kvtier_namespace_t* ns,
                                          const uint8_t* fingerprints, size_t num_blocks, uint32_t shard,
                                          void* const* buffers, uint64_t buffer_bytes, kvtier_get_result* out_results,
@@ -238,7 +249,10 @@ KVTIER_API kvtier_status_code kvtier_get(kvtier_client_t* client, const kvtier_n
 /* Stores TP shard `shard` of each of num_blocks blocks from blocks[i] (each exactly `block_bytes` =
  * kvtier_namespace_block_bytes(ns) long). `first_block_index` is the index of fingerprints[0] in its
  * prompt's chain (e.g. the hit length when storing the blocks after a hit); eviction policies use it.
- * `out_results` (num_blocks entries) may be NULL. Errors: INVALID_ARGUMENT. */
+ * `out_results` (num_blocks entries) may be NULL. Errors: INVALID_ARGUMENT (bad arguments), or a
+ * server's refusal with its code (INVALID_ARGUMENT, e.g. a block above that server's
+ * limits.max_block_bytes; PERMISSION_DENIED; UNAUTHENTICATED; see Conventions); blocks other servers
+ * stored in the same call stay stored. */
 KVTIER_API kvtier_status_code kvtier_put(kvtier_client_t* client, const kvtier_namespace_t* ns,
                                          const uint8_t* fingerprints, size_t num_blocks, uint32_t shard,
                                          const void* const* blocks, uint64_t block_bytes, uint32_t first_block_index,
