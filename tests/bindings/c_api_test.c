@@ -6,10 +6,13 @@
  * Exits 0 when every check passed, 1 otherwise (each failure is printed). c_api_driver_test.cc starts
  * the servers and runs it.
  */
+#define _POSIX_C_SOURCE 200809L /* nanosleep */
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "kvtier/kvtier.h"
 
@@ -162,6 +165,194 @@ static int check_refusal(const char* member) {
   return g_failures == 0 ? 0 : 1;
 }
 
+/* kvtier_client_options_t as the first release declared it: what a program built then passes. */
+typedef struct first_release_client_options {
+  uint32_t struct_size;
+  const char* const* members;
+  size_t num_members;
+  uint32_t rpc_timeout_ms;
+  uint32_t connect_timeout_ms;
+  uint64_t max_message_bytes;
+  uint64_t stream_chunk_bytes;
+  uint32_t max_blocks_per_request;
+  uint32_t put_batch_blocks;
+  uint32_t virtual_nodes;
+} first_release_client_options_t;
+
+/* kvtier_client_stats_t of the first release: 15 counters. */
+enum { kFirstReleaseStatsBytes = 8 + 15 * 8 };
+
+static void sleep_ms(long ms) {
+  struct timespec t;
+  t.tv_sec = ms / 1000;
+  t.tv_nsec = (ms % 1000) * 1000000L;
+  nanosleep(&t, NULL);
+}
+
+/* Puts and reads `n` blocks of `ns`; returns the number of get hits whose bytes were right. */
+static uint32_t round_trip(kvtier_client_t* client, kvtier_namespace_t* ns, const uint8_t* fps, size_t n,
+                           uint32_t seed) {
+  enum { kMax = 8 };
+  void* buffers[kMax];
+  const void* blocks[kMax];
+  uint8_t* expected[kMax];
+  kvtier_get_result results[kMax];
+  uint64_t block_bytes = kvtier_namespace_block_bytes(ns);
+  uint32_t good = 0;
+  size_t i;
+  if (n > kMax) n = kMax;
+  for (i = 0; i < n; ++i) {
+    expected[i] = (uint8_t*)malloc(block_bytes);
+    buffers[i] = malloc(block_bytes);
+    fill_block(expected[i], block_bytes, (uint32_t)i + seed, 0);
+    memset(buffers[i], 0xEE, block_bytes);
+    blocks[i] = expected[i];
+  }
+  CHECK_OK(kvtier_put(client, ns, fps, n, 0, blocks, block_bytes, 0, NULL, NULL));
+  CHECK_OK(kvtier_get(client, ns, fps, n, 0, buffers, block_bytes, results, NULL, NULL));
+  for (i = 0; i < n; ++i) {
+    if (results[i] == KVTIER_GET_HIT && memcmp(buffers[i], expected[i], block_bytes) == 0) ++good;
+    free(expected[i]);
+    free(buffers[i]);
+  }
+  return good;
+}
+
+/* The versioned options struct: a program built against the first release (a smaller struct, followed
+ * here by bytes that would crash or misconfigure a library that read them), every field appended since
+ * (transport, replication and its overrides), and struct sizes outside the range. */
+static void check_versioned_options(const char* const* members, size_t num_members, kvtier_namespace_t* ns) {
+  union {
+    kvtier_client_options_t current;
+    unsigned char bytes[sizeof(kvtier_client_options_t) + 64];
+  } old_caller;
+  union {
+    kvtier_client_stats_t current;
+    unsigned char bytes[sizeof(kvtier_client_stats_t)];
+  } old_stats;
+  first_release_client_options_t old;
+  kvtier_client_options_t options;
+  kvtier_replication_override_t overrides[2];
+  kvtier_client_stats_t stats;
+  kvtier_client_t* client = NULL;
+  kvtier_error_t err;
+  kvtier_status_code rc;
+  uint32_t tokens[16 * 8];
+  uint8_t fps[8 * KVTIER_FINGERPRINT_BYTES];
+  size_t count = 0, i;
+  int waited;
+
+  for (i = 0; i < 16 * 8; ++i) tokens[i] = (uint32_t)(i * 40503u + 11u) % 50000u;
+  CHECK_OK(kvtier_fingerprint_tokens(ns, tokens, 16 * 8, NULL, fps, 8, &count, NULL));
+
+  /* First-release caller. */
+  memset(&old, 0, sizeof(old));
+  old.struct_size = sizeof(old);
+  old.members = members;
+  old.num_members = num_members;
+  old.rpc_timeout_ms = 5000;
+  old.connect_timeout_ms = 5000;
+  old.max_message_bytes = 80u << 20;
+  old.stream_chunk_bytes = 1u << 20;
+  old.max_blocks_per_request = 4096;
+  old.put_batch_blocks = 64;
+  old.virtual_nodes = 128;
+  memset(old_caller.bytes, 0xAB, sizeof(old_caller.bytes));
+  memcpy(old_caller.bytes, &old, sizeof(old));
+  rc = kvtier_client_connect(&old_caller.current, &client, &err);
+  CHECK(rc == KVTIER_OK, "first-release struct (%u bytes): %s: %s", (unsigned)sizeof(old), kvtier_status_code_name(rc),
+        err.message);
+  if (rc == KVTIER_OK) {
+    CHECK(round_trip(client, ns, fps, 4, 100) == 4, "first-release caller: round trip");
+    /* A first-release stats struct: the counters appended since are not written. */
+    memset(old_stats.bytes, 0xCD, sizeof(old_stats.bytes));
+    old_stats.current.struct_size = kFirstReleaseStatsBytes;
+    CHECK_OK(kvtier_client_stats(client, &old_stats.current, NULL));
+    CHECK(old_stats.current.put_blocks == 4, "old stats put_blocks %llu",
+          (unsigned long long)old_stats.current.put_blocks);
+    for (i = kFirstReleaseStatsBytes; i < sizeof(old_stats.bytes); ++i) {
+      CHECK(old_stats.bytes[i] == 0xCD, "stats byte %zu beyond the caller's struct_size was written", i);
+    }
+    kvtier_client_close(client);
+    client = NULL;
+  }
+
+  /* Too small, too large. */
+  old.struct_size = (uint32_t)offsetof(first_release_client_options_t, virtual_nodes); /* cuts virtual_nodes */
+  rc = kvtier_client_connect((const kvtier_client_options_t*)&old, &client, &err);
+  CHECK(rc == KVTIER_INVALID_ARGUMENT && strstr(err.message, "struct_size") != NULL, "short struct: %s: %s",
+        kvtier_status_code_name(rc), err.message);
+  kvtier_client_options_init(&old_caller.current);
+  old_caller.current.members = members;
+  old_caller.current.num_members = num_members;
+  old_caller.current.struct_size = sizeof(old_caller.bytes);
+  rc = kvtier_client_connect(&old_caller.current, &client, &err);
+  CHECK(rc == KVTIER_INVALID_ARGUMENT && strstr(err.message, "struct_size") != NULL, "newer struct: %s: %s",
+        kvtier_status_code_name(rc), err.message);
+
+  /* Appended fields are taken: a bad transport is refused by name, and "ucx" (these servers have no UCX)
+   * turns every block into a miss from error. */
+  kvtier_client_options_init(&options);
+  CHECK(options.struct_size == sizeof(options), "init struct_size");
+  CHECK(options.transport == NULL && options.replication_factor == 1 && options.dns_refresh_interval_ms == 5000 &&
+            options.hint_queue_bytes == (256u << 20) && options.ucx_get_lanes == 2,
+        "defaults of the appended fields");
+  options.members = members;
+  options.num_members = num_members;
+  options.transport = "carrier-pigeon";
+  rc = kvtier_client_connect(&options, &client, &err);
+  CHECK(rc == KVTIER_INVALID_ARGUMENT && strstr(err.message, "transport") != NULL, "bad transport: %s: %s",
+        kvtier_status_code_name(rc), err.message);
+  options.transport = "ucx";
+  options.rpc_timeout_ms = 1000;
+  CHECK_OK(kvtier_client_connect(&options, &client, &err));
+  if (client != NULL) {
+    CHECK(round_trip(client, ns, fps + 4 * 32, 2, 200) == 0, "transport ucx without UCX servers: no hit");
+    memset(&stats, 0, sizeof(stats));
+    stats.struct_size = sizeof(stats);
+    CHECK_OK(kvtier_client_stats(client, &stats, NULL));
+    CHECK(stats.misses_from_errors == 2, "misses from errors %llu", (unsigned long long)stats.misses_from_errors);
+    kvtier_client_close(client);
+    client = NULL;
+  }
+
+  /* Replication: the override for this namespace (R = 3) wins over replication_factor (2), so each block
+   * gets two replica copies. */
+  memset(overrides, 0, sizeof(overrides));
+  overrides[0].tenant = "another-tenant";
+  overrides[0].replication_factor = 2;
+  overrides[1].tenant = "c-api-test";
+  overrides[1].model = "c-api/model";
+  overrides[1].replication_factor = 3;
+  kvtier_client_options_init(&options);
+  options.members = members;
+  options.num_members = num_members;
+  options.transport = "grpc";
+  options.rpc_timeout_ms = 5000;
+  options.replication_factor = 2;
+  options.replication_overrides = overrides;
+  options.num_replication_overrides = 2;
+  overrides[1].tenant = NULL;
+  rc = kvtier_client_connect(&options, &client, &err);
+  CHECK(rc == KVTIER_INVALID_ARGUMENT && strstr(err.message, "replication_overrides[1].tenant") != NULL,
+        "NULL override tenant: %s: %s", kvtier_status_code_name(rc), err.message);
+  overrides[1].tenant = "c-api-test";
+  CHECK_OK(kvtier_client_connect(&options, &client, &err));
+  if (client != NULL) {
+    CHECK(round_trip(client, ns, fps + 6 * 32, 2, 300) == 2, "replicated round trip");
+    memset(&stats, 0, sizeof(stats));
+    stats.struct_size = sizeof(stats);
+    for (waited = 0; waited < 100; ++waited) { /* replicas are put in the background */
+      CHECK_OK(kvtier_client_stats(client, &stats, NULL));
+      if (stats.replica_puts >= 4) break;
+      sleep_ms(50);
+    }
+    CHECK(stats.replica_puts == 4, "replica_puts %llu, want 2 blocks x 2 replicas",
+          (unsigned long long)stats.replica_puts);
+    kvtier_client_close(client);
+  }
+}
+
 int main(int argc, char** argv) {
   enum { kTokens = 16 * 24 + 5, kBlocks = 24, kStored = 16 };
   uint32_t tokens[kTokens];
@@ -301,9 +492,11 @@ int main(int argc, char** argv) {
     free(expected[i]);
     free(buffers[i]);
   }
+  kvtier_client_close(client);
+  client = NULL;
+  check_versioned_options((const char* const*)(argv + 1), (size_t)(argc - 1), ns);
   kvtier_namespace_free(ns_tp2);
   kvtier_namespace_free(ns);
-  kvtier_client_close(client);
   printf("%s: %d failure(s)\n", g_failures == 0 ? "PASS" : "FAIL", g_failures);
   return g_failures == 0 ? 0 : 1;
 }

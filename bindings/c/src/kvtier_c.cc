@@ -13,6 +13,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "client_options_c.h"
 #include "kvtier/client/client.h"
 #include "kvtier/common/fingerprint.h"
 #include "kvtier/common/namespace.h"
@@ -252,48 +253,17 @@ kvtier_status_code kvtier_fingerprint_tokens(const kvtier_namespace_t* ns, const
   });
 }
 
-void kvtier_client_options_init(kvtier_client_options_t* options) {
-  if (options == nullptr) return;
-  const kvtier::client::ClientOptions d;
-  *options = {};
-  options->struct_size = sizeof(kvtier_client_options_t);
-  options->rpc_timeout_ms = static_cast<uint32_t>(absl::ToInt64Milliseconds(d.rpc_timeout));
-  options->connect_timeout_ms = static_cast<uint32_t>(absl::ToInt64Milliseconds(d.connect_timeout));
-  options->max_message_bytes = d.max_message_bytes;
-  options->stream_chunk_bytes = d.stream_chunk_bytes;
-  options->max_blocks_per_request = d.max_blocks_per_request;
-  options->put_batch_blocks = d.put_batch_blocks;
-  options->virtual_nodes = d.virtual_nodes;
-}
+void kvtier_client_options_init(kvtier_client_options_t* options) { kvtier::c_api::InitClientOptions(options); }
 
 kvtier_status_code kvtier_client_connect(const kvtier_client_options_t* options, kvtier_client_t** out,
                                          kvtier_error_t* error) {
   if (out == nullptr) return Invalid("out: must not be NULL", error);
   *out = nullptr;
   if (options == nullptr) return Invalid("options: must not be NULL", error);
-  if (options->struct_size < sizeof(kvtier_client_options_t)) {
-    return Invalid(absl::StrCat("options.struct_size: is ", options->struct_size, ", want ",
-                                sizeof(kvtier_client_options_t), " (call kvtier_client_options_init first)"),
-                   error);
-  }
-  if (options->members == nullptr && options->num_members > 0) {
-    return Invalid("options.members: NULL with num_members > 0", error);
-  }
   return Guard(error, [&]() -> absl::Status {
-    kvtier::client::ClientOptions o;
-    for (size_t i = 0; i < options->num_members; ++i) {
-      if (options->members[i] == nullptr)
-        return absl::InvalidArgumentError(absl::StrCat("options.members[", i, "]: NULL"));
-      o.members.emplace_back(options->members[i]);
-    }
-    o.rpc_timeout = absl::Milliseconds(options->rpc_timeout_ms);
-    o.connect_timeout = absl::Milliseconds(options->connect_timeout_ms);
-    o.max_message_bytes = options->max_message_bytes;
-    o.stream_chunk_bytes = options->stream_chunk_bytes;
-    o.max_blocks_per_request = options->max_blocks_per_request;
-    o.put_batch_blocks = options->put_batch_blocks;
-    o.virtual_nodes = options->virtual_nodes;
-    auto c = kvtier::client::Client::Connect(o);
+    auto o = kvtier::c_api::ClientOptionsFromC(*options);
+    if (!o.ok()) return o.status();
+    auto c = kvtier::client::Client::Connect(*o);
     if (!c.ok()) return c.status();
     *out = new kvtier_client{std::move(c).value()};
     return absl::OkStatus();
@@ -378,27 +348,7 @@ kvtier_status_code kvtier_client_stats(const kvtier_client_t* client, kvtier_cli
                                        kvtier_error_t* error) {
   if (client == nullptr) return Invalid("client: must not be NULL", error);
   if (out == nullptr) return Invalid("out: must not be NULL", error);
-  if (out->struct_size < sizeof(kvtier_client_stats_t)) {
-    return Invalid(absl::StrCat("out.struct_size: is ", out->struct_size, ", want ", sizeof(kvtier_client_stats_t)),
-                   error);
-  }
-  const kvtier::client::ClientStats& s = client->client->stats();
-  out->lookups = s.lookups.load();
-  out->lookup_blocks = s.lookup_blocks.load();
-  out->prefix_hit_blocks = s.prefix_hit_blocks.load();
-  out->prefix_hit_tokens = s.prefix_hit_tokens.load();
-  out->get_blocks = s.get_blocks.load();
-  out->retrieve_hit_blocks = s.retrieve_hit_blocks.load();
-  out->retrieve_hit_tokens = s.retrieve_hit_tokens.load();
-  out->retrieve_hit_bytes = s.retrieve_hit_bytes.load();
-  out->put_blocks = s.put_blocks.load();
-  out->put_stored_blocks = s.put_stored_blocks.load();
-  out->put_stored_bytes = s.put_stored_bytes.load();
-  out->put_rejected_blocks = s.put_rejected_blocks.load();
-  out->misses_from_errors = s.misses_from_errors.load();
-  out->rpc_errors = s.rpc_errors.load();
-  out->checksum_failures = s.checksum_failures.load();
-  return Report(absl::OkStatus(), error);
+  return Report(kvtier::c_api::CopyClientStats(client->client->stats(), out), error);
 }
 
 }  // extern "C"

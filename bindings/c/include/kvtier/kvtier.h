@@ -32,7 +32,10 @@
  *    back: fingerprint i occupies bytes [32*i, 32*i + 32).
  *
  * Structs that carry a struct_size field are versioned: call the matching *_init() first, which sets
- * struct_size and every default, then change the fields you need. Later releases only append fields.
+ * struct_size and every default, then change the fields you need (or set struct_size = sizeof yourself
+ * where a struct has no *_init()). Later releases only append fields, and the library reads (or writes)
+ * only the fields that the caller's struct_size covers, so programs built against an older kvtier.h
+ * keep working with a newer libkvtier.
  */
 #ifndef KVTIER_KVTIER_H_
 #define KVTIER_KVTIER_H_
@@ -180,10 +183,30 @@ KVTIER_API kvtier_status_code kvtier_fingerprint_tokens(const kvtier_namespace_t
 /* ---------------------------------------------------------------------------------------------- */
 /* Client                                                                                           */
 
+/* A per-namespace replication factor (ClientOptions::ReplicationOverride): the first entry whose tenant
+ * equals the namespace's tenant and whose model is equal or "" (every model of that tenant) wins. This
+ * struct is fixed (it is used in arrays): a later field would come as a new array in
+ * kvtier_client_options_t. */
+typedef struct kvtier_replication_override {
+  const char* tenant;          /* required */
+  const char* model;           /* NULL or "": every model of `tenant` */
+  uint32_t replication_factor; /* 1..16 */
+} kvtier_replication_override_t;
+
+/* Every field of the C++ client's ClientOptions (kvtier/client/client.h, docs/config.md "Client
+ * options"), under the same names. Durations are whole milliseconds (`<name>_ms`); a list is a pointer
+ * plus a count (`num_<name>`). Strings may be NULL, which means the default (every string defaults to
+ * "", except transport: "auto"). Strings and arrays are borrowed for kvtier_client_connect() only.
+ *
+ * Versioned: kvtier_client_options_init() sets struct_size = sizeof(kvtier_client_options_t) and every
+ * default. Fields are only ever appended. The library reads only the fields that lie wholly within the
+ * caller's struct_size and gives every later field its default, so a program built against an older
+ * kvtier.h keeps working; struct_size must be at least the first release's size (the fields up to
+ * virtual_nodes) and at most this library's sizeof(kvtier_client_options_t). */
 typedef struct kvtier_client_options {
-  uint32_t struct_size;       /* set by kvtier_client_options_init() */
-  const char* const* members; /* required: "host:port" or "node_id=host:port", num_members of them */
-  size_t num_members;
+  uint32_t struct_size;            /* set by kvtier_client_options_init() */
+  const char* const* members;      /* "host:port" or "node_id=host:port", num_members of them */
+  size_t num_members;              /* at least one member, or members_dns, is required */
   uint32_t rpc_timeout_ms;         /* deadline of every RPC; a slower owner is a miss. Default: 2000 */
   uint32_t connect_timeout_ms;     /* deadline of the node-id query at connect. Default: 5000 */
   uint64_t max_message_bytes;      /* gRPC message limit; must match the servers'. Default: 80 MiB */
@@ -191,16 +214,54 @@ typedef struct kvtier_client_options {
   uint32_t max_blocks_per_request; /* larger batches are split per owner. Default: 4096 */
   uint32_t put_batch_blocks;       /* blocks per put batch to one owner. Default: 64 */
   uint32_t virtual_nodes;          /* ring points per member. Default: the C++ client's (1024) */
+  /* ---- End of the first release. ---- */
+  /* Membership from DNS: "NAME:PORT" (each A/AAAA record of NAME is a member at PORT). Default: none. */
+  const char* members_dns;
+  /* DNS servers asked for members_dns: NULL/"" = the system's; else "IP", "IP:PORT" or "[IPv6]:PORT",
+   * comma-separated, any port. */
+  const char* dns_server;
+  uint32_t dns_refresh_interval_ms;  /* members_dns resolved again this often. Default: 5000 */
+  uint32_t dns_timeout_ms;           /* deadline of one resolution. Default: 2000 */
+  uint32_t health_check_interval_ms; /* grpc.health.v1 check of every member this often. Default: 1000 */
+  uint32_t health_check_timeout_ms;  /* deadline of one check. Default: 1000 */
+  uint32_t unhealthy_threshold;      /* failed checks in a row that eject a member. Default: 3 */
+  uint32_t healthy_threshold;        /* passed checks in a row that bring it back. Default: 2 */
+  uint64_t max_block_bytes;          /* larger blocks are refused up front. Default: 64 MiB */
+  const char* transport;             /* data path: "auto" (default), "grpc" or "ucx" */
+  const char* ucx_transports;        /* UCX_TLS of the client's UCX context; NULL/"" = UCX's default */
+  uint32_t ucx_reconnect_backoff_ms; /* after a UCX endpoint failed, reconnect no sooner. Default: 1000 */
+  int32_t ucx_get_lanes;             /* receive threads of a UCX get from a member on this node, 1..64. Default: 2 */
+  /* TLS of the gRPC channels: set tls_ca_file (PEM CA of the servers' certificates) for TLS; add
+   * tls_cert_file and tls_key_file (both or neither) for mutual TLS. tls_server_name: the name the
+   * servers' certificates carry when it is not the host of the member addresses. Default: plaintext. */
+  const char* tls_ca_file;
+  const char* tls_cert_file;
+  const char* tls_key_file;
+  const char* tls_server_name;
+  /* Bearer token sent on every RPC (servers with `auth`): a worker token of the tenant of every
+   * namespace used. Default: none. */
+  const char* auth_token;
+  /* Replication (docs/architecture.md "Replication"): copies of each block, 1..16. Default: 1. */
+  uint32_t replication_factor;
+  const kvtier_replication_override_t* replication_overrides; /* num_replication_overrides entries */
+  size_t num_replication_overrides;
+  uint32_t hot_read_replicas;      /* extra owners of hot blocks, 0..16. Default: 0 (off) */
+  uint32_t hot_depth;              /* blocks at a depth below this are hot. Default: 4 */
+  uint64_t replica_queue_bytes;    /* bound of the background replica queue. Default: 256 MiB */
+  uint64_t hint_queue_bytes;       /* bound of the hinted-handoff queue; 0 = no hints. Default: 256 MiB */
+  uint32_t hint_retry_interval_ms; /* hints offered again this often. Default: 1000 */
 } kvtier_client_options_t;
 
-/* Sets struct_size and the defaults above (members = NULL, num_members = 0). */
+/* Sets struct_size and the defaults above (members = NULL, num_members = 0, strings NULL). */
 KVTIER_API void kvtier_client_options_init(kvtier_client_options_t* options);
 
 typedef struct kvtier_client kvtier_client_t;
 
-/* Connects to the members and learns their node ids. Members that neither give an id nor answer within
- * connect_timeout_ms stay out of the ring. Errors: INVALID_ARGUMENT (bad options), UNAVAILABLE (no
- * member could be placed on the ring). */
+/* Connects to the members (static and from members_dns) and learns their node ids. Members that neither
+ * give an id nor answer within connect_timeout_ms stay out of the ring. Errors: INVALID_ARGUMENT (bad
+ * options, naming the field: "options.transport: ...", "tls_ca_file: ..."; a struct_size outside the
+ * range above), NOT_FOUND (a TLS file that does not exist), UNAVAILABLE (no member could be placed on
+ * the ring). */
 KVTIER_API kvtier_status_code kvtier_client_connect(const kvtier_client_options_t* options, kvtier_client_t** out,
                                                     kvtier_error_t* error);
 /* Closes the channels and frees the client. Calls in flight on other threads must have returned. */
@@ -258,7 +319,9 @@ KVTIER_API kvtier_status_code kvtier_put(kvtier_client_t* client, const kvtier_n
                                          const void* const* blocks, uint64_t block_bytes, uint32_t first_block_index,
                                          kvtier_put_result* out_results, kvtier_error_t* error);
 
-/* Monotonic counters of one client (DESIGN.md §5 hit accounting; each block counted once per call). */
+/* Monotonic counters of one client (DESIGN.md §5 hit accounting; each block counted once per call):
+ * every counter of the C++ client's ClientStats (kvtier/client/client.h documents each), under the same
+ * names. Versioned like kvtier_client_options_t: fields are only appended. */
 typedef struct kvtier_client_stats {
   uint32_t struct_size; /* the caller sets sizeof(kvtier_client_stats_t) */
   uint64_t lookups;
@@ -276,9 +339,28 @@ typedef struct kvtier_client_stats {
   uint64_t misses_from_errors;
   uint64_t rpc_errors;
   uint64_t checksum_failures;
+  /* ---- End of the first release. ---- */
+  uint64_t ucx_get_blocks;        /* blocks that arrived intact over UCX */
+  uint64_t ucx_lane_get_blocks;   /* of those, blocks the get lanes received */
+  uint64_t ucx_leases;            /* read leases taken over UCX */
+  uint64_t ucx_put_blocks;        /* blocks whose bytes the server took over UCX */
+  uint64_t ucx_endpoint_failures; /* UCX endpoints dropped after an error or a missed deadline */
+  uint64_t ucx_connects;          /* UCX endpoints established */
+  uint64_t ring_changes;          /* rings swapped in after connect */
+  uint64_t dns_resolutions;       /* members_dns resolutions that answered */
+  uint64_t dns_failures;          /* resolutions that failed (the members were kept) */
+  uint64_t health_check_failures; /* failed health checks, all members */
+  uint64_t members_ejected;       /* ejections from the ring */
+  uint64_t replica_puts;          /* replica blocks an owner stored (or had) */
+  uint64_t replica_put_failures;  /* replica blocks not stored by an attempt */
+  uint64_t hints_queued;          /* replica blocks put in the hinted-handoff queue */
+  uint64_t hints_delivered;       /* hinted blocks an owner later stored (or had) */
+  uint64_t hints_dropped;         /* hinted blocks dropped over hint_queue_bytes */
+  uint64_t replica_read_blocks;   /* hits and present blocks found on an owner other than the first asked */
 } kvtier_client_stats_t;
 
-/* Copies the client's counters into *out (whose struct_size the caller has set).
+/* Copies the client's counters into the fields of *out that lie wholly within out->struct_size (which the
+ * caller has set); bytes beyond this library's struct up to struct_size are zeroed.
  * Errors: INVALID_ARGUMENT (NULL, or struct_size smaller than the first release's struct). */
 KVTIER_API kvtier_status_code kvtier_client_stats(const kvtier_client_t* client, kvtier_client_stats_t* out,
                                                   kvtier_error_t* error);
