@@ -14,39 +14,65 @@ blocks before it, scoped to a Namespace) and stored across the members of a kvti
         results = client.get(ns, fps[:hit], kv)                  # one GetResult per block
         kvtier.leading_hits(results)                             # blocks usable from the start
 
-Units: sizes are bytes, durations milliseconds (suffix _ms), token counts tokens. Block shapes are in
-KvLayout's docstring. Engine adapters live in kvtier.adapters (SGLang HiCache storage, vLLM KV
+Units: sizes are bytes; durations are seconds (int or float) or datetime.timedelta, and keywords with
+the suffix _ms take milliseconds; token counts are tokens. Block shapes are in KvLayout's docstring.
+Client(...) and ClientOptions(...) take every option of the C++ client by its name (ClientOptions.FIELDS):
+TLS, tokens, DNS membership, transport, replication. Engine adapters live in kvtier.adapters (SGLang HiCache storage, vLLM KV
 connector). The C++ extension releases the GIL while it waits on the network.
 """
 
 from typing import Iterable
 
 from ._kvtier import (  # noqa: F401  (re-exported)
+    EVENT_SUBSCRIBER_OPTIONS,
+    GROUP_KEY_BLOCKS,
     Client,
+    ClientOptions,
     Error,
+    EventSubscriber,
     GetResult,
     InvalidArgumentError,
     KvLayout,
     LookupResult,
+    LshBands,
+    MinHasher,
     Namespace,
     PutResult,
+    ReplicationOverride,
+    SimilarityIndex,
     UnavailableError,
+    choose_lsh_bands,
     external_key_fingerprints,
     fingerprints,
+    items_from_fingerprints,
+    items_from_tokens,
+    prompt_group_key,
 )
 
 __all__ = [
+    "EVENT_SUBSCRIBER_OPTIONS",
+    "GROUP_KEY_BLOCKS",
     "Client",
+    "ClientOptions",
     "Error",
+    "EventSubscriber",
     "GetResult",
     "InvalidArgumentError",
     "KvLayout",
     "LookupResult",
+    "LshBands",
+    "MinHasher",
     "Namespace",
     "PutResult",
+    "ReplicationOverride",
+    "SimilarityIndex",
     "UnavailableError",
+    "choose_lsh_bands",
     "external_key_fingerprints",
     "fingerprints",
+    "items_from_fingerprints",
+    "items_from_tokens",
+    "prompt_group_key",
     "leading_hits",
     "reusable_tokens",
 ]

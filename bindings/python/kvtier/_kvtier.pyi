@@ -12,12 +12,18 @@ Shapes and units
   the buffer protocol (numpy, bytearray, memoryview; bytes for put only) or DLPack (__dlpack__ on CPU,
   pinned or managed memory, e.g. CPU torch tensors). They must be C-contiguous; get() needs them
   writable. They are borrowed for the call only.
-- Durations are milliseconds (suffix _ms); sizes are bytes (suffix _bytes).
+- Durations are seconds (int or float) or datetime.timedelta; each duration option `x` also takes
+  `x_ms` in milliseconds (one of the two). Sizes are bytes (suffix _bytes).
+- Client and ClientOptions take every field of the C++ ClientOptions (kvtier/client/client.h) as a
+  keyword, by the same name; ClientOptions.FIELDS lists them. tests/python/test_client_options.py checks
+  that this stub lists every one of them.
 """
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+import datetime
+import os
+from typing import Any, ClassVar, Dict, FrozenSet, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import numpy.typing as npt
@@ -27,6 +33,10 @@ _FingerprintsIn = Union[Sequence[Union[_Bytes, str, npt.NDArray[np.uint8]]], _By
 _BufferIn = Any  # buffer-protocol object or DLPack producer (see the module docstring)
 _BuffersIn = Union[Sequence[_BufferIn], _BufferIn]
 _TokensIn = Union[Sequence[int], npt.NDArray[np.integer]]
+_ItemsIn = Union[Sequence[int], npt.NDArray[np.uint64], npt.NDArray[np.int64]]  # 64-bit items
+_Duration = Union[float, int, datetime.timedelta]  # seconds, or a timedelta
+_Str = Union[str, os.PathLike]
+_MembersIn = Union[Sequence[str], str]  # "host:port" / "node_id=host:port", or comma-separated
 
 class Error(RuntimeError):
     """A kvtier call failed."""
@@ -170,6 +180,141 @@ class Namespace:
         """64-bit id, equal for equal namespaces on every machine."""
     def canonical_bytes(self) -> bytes: ...
 
+class ReplicationOverride:
+    """A per-namespace replication factor: the first entry with the namespace's tenant and its model (or
+    model "": every model of the tenant) wins."""
+
+    def __init__(self, tenant: str, model: str = "", replication_factor: int = 1) -> None: ...
+    @property
+    def tenant(self) -> str: ...
+    @property
+    def model(self) -> str: ...
+    @property
+    def replication_factor(self) -> int: ...
+    def to_dict(self) -> Dict[str, Union[str, int]]: ...
+
+_OverrideIn = Union[ReplicationOverride, Mapping[str, Union[str, int]], Tuple[Any, ...]]
+
+class ClientOptions:
+    """Every option of the C++ client, validated (TypeError for an unknown option or a wrong type,
+    InvalidArgumentError naming the field for a bad value). None leaves a field at its default."""
+
+    FIELDS: ClassVar[Tuple[str, ...]]  # every ClientOptions field, in declaration order
+    KEYWORDS: ClassVar[FrozenSet[str]]  # FIELDS plus `<duration>_ms`
+    def __init__(
+        self,
+        members: Optional[_MembersIn] = None,
+        *,
+        members_dns: Optional[_Str] = '',
+        dns_server: Optional[_Str] = '',
+        dns_refresh_interval: Optional[_Duration] = 5.0,
+        dns_refresh_interval_ms: Optional[float] = None,
+        dns_timeout: Optional[_Duration] = 2.0,
+        dns_timeout_ms: Optional[float] = None,
+        health_check_interval: Optional[_Duration] = 1.0,
+        health_check_interval_ms: Optional[float] = None,
+        health_check_timeout: Optional[_Duration] = 1.0,
+        health_check_timeout_ms: Optional[float] = None,
+        unhealthy_threshold: Optional[int] = 3,
+        healthy_threshold: Optional[int] = 2,
+        virtual_nodes: Optional[int] = 1024,
+        rpc_timeout: Optional[_Duration] = 2.0,
+        rpc_timeout_ms: Optional[float] = None,
+        connect_timeout: Optional[_Duration] = 5.0,
+        connect_timeout_ms: Optional[float] = None,
+        max_message_bytes: Optional[int] = 80 << 20,
+        stream_chunk_bytes: Optional[int] = 1 << 20,
+        max_blocks_per_request: Optional[int] = 4096,
+        put_batch_blocks: Optional[int] = 64,
+        max_block_bytes: Optional[int] = 64 << 20,
+        transport: Optional[_Str] = 'auto',
+        ucx_transports: Optional[_Str] = '',
+        ucx_reconnect_backoff: Optional[_Duration] = 1.0,
+        ucx_reconnect_backoff_ms: Optional[float] = None,
+        ucx_get_lanes: Optional[int] = 2,
+        tls_ca_file: Optional[_Str] = '',
+        tls_cert_file: Optional[_Str] = '',
+        tls_key_file: Optional[_Str] = '',
+        tls_server_name: Optional[_Str] = '',
+        auth_token: Optional[_Str] = '',
+        replication_factor: Optional[int] = 1,
+        replication_overrides: Optional[Sequence[_OverrideIn]] = (),
+        hot_read_replicas: Optional[int] = 0,
+        hot_depth: Optional[int] = 4,
+        replica_queue_bytes: Optional[int] = 256 << 20,
+        hint_queue_bytes: Optional[int] = 256 << 20,
+        hint_retry_interval: Optional[_Duration] = 1.0,
+        hint_retry_interval_ms: Optional[float] = None,
+    ) -> None: ...
+    @property
+    def members(self) -> List[str]: ...
+    @property
+    def members_dns(self) -> str: ...
+    @property
+    def dns_server(self) -> str: ...
+    @property
+    def dns_refresh_interval(self) -> float: ...  # seconds
+    @property
+    def dns_timeout(self) -> float: ...  # seconds
+    @property
+    def health_check_interval(self) -> float: ...  # seconds
+    @property
+    def health_check_timeout(self) -> float: ...  # seconds
+    @property
+    def unhealthy_threshold(self) -> int: ...
+    @property
+    def healthy_threshold(self) -> int: ...
+    @property
+    def virtual_nodes(self) -> int: ...
+    @property
+    def rpc_timeout(self) -> float: ...  # seconds
+    @property
+    def connect_timeout(self) -> float: ...  # seconds
+    @property
+    def max_message_bytes(self) -> int: ...
+    @property
+    def stream_chunk_bytes(self) -> int: ...
+    @property
+    def max_blocks_per_request(self) -> int: ...
+    @property
+    def put_batch_blocks(self) -> int: ...
+    @property
+    def max_block_bytes(self) -> int: ...
+    @property
+    def transport(self) -> str: ...
+    @property
+    def ucx_transports(self) -> str: ...
+    @property
+    def ucx_reconnect_backoff(self) -> float: ...  # seconds
+    @property
+    def ucx_get_lanes(self) -> int: ...
+    @property
+    def tls_ca_file(self) -> str: ...
+    @property
+    def tls_cert_file(self) -> str: ...
+    @property
+    def tls_key_file(self) -> str: ...
+    @property
+    def tls_server_name(self) -> str: ...
+    @property
+    def auth_token(self) -> str: ...
+    @property
+    def replication_factor(self) -> int: ...
+    @property
+    def replication_overrides(self) -> List[Dict[str, Union[str, int]]]: ...
+    @property
+    def hot_read_replicas(self) -> int: ...
+    @property
+    def hot_depth(self) -> int: ...
+    @property
+    def replica_queue_bytes(self) -> int: ...
+    @property
+    def hint_queue_bytes(self) -> int: ...
+    @property
+    def hint_retry_interval(self) -> float: ...  # seconds
+    def to_dict(self) -> Dict[str, Any]: ...  # ClientOptions(**o.to_dict()) == o
+    def __eq__(self, other: object) -> bool: ...
+
 class LookupResult:
     @property
     def prefix_blocks(self) -> int: ...
@@ -201,16 +346,52 @@ class Client:
 
     def __init__(
         self,
-        members: Union[Sequence[str], str],  # "host:port" / "node_id=host:port", or comma-separated
+        members: Optional[_MembersIn] = None,
         *,
-        rpc_timeout_ms: int = 2000,
-        connect_timeout_ms: int = 5000,
-        max_message_bytes: int = 80 << 20,
-        stream_chunk_bytes: int = 1 << 20,
-        max_blocks_per_request: int = 4096,
-        put_batch_blocks: int = 64,
-        virtual_nodes: int = 1024,
+        options: Optional[ClientOptions] = None,  # the base; members and the keywords apply on top
+        members_dns: Optional[_Str] = '',
+        dns_server: Optional[_Str] = '',
+        dns_refresh_interval: Optional[_Duration] = 5.0,
+        dns_refresh_interval_ms: Optional[float] = None,
+        dns_timeout: Optional[_Duration] = 2.0,
+        dns_timeout_ms: Optional[float] = None,
+        health_check_interval: Optional[_Duration] = 1.0,
+        health_check_interval_ms: Optional[float] = None,
+        health_check_timeout: Optional[_Duration] = 1.0,
+        health_check_timeout_ms: Optional[float] = None,
+        unhealthy_threshold: Optional[int] = 3,
+        healthy_threshold: Optional[int] = 2,
+        virtual_nodes: Optional[int] = 1024,
+        rpc_timeout: Optional[_Duration] = 2.0,
+        rpc_timeout_ms: Optional[float] = None,
+        connect_timeout: Optional[_Duration] = 5.0,
+        connect_timeout_ms: Optional[float] = None,
+        max_message_bytes: Optional[int] = 80 << 20,
+        stream_chunk_bytes: Optional[int] = 1 << 20,
+        max_blocks_per_request: Optional[int] = 4096,
+        put_batch_blocks: Optional[int] = 64,
+        max_block_bytes: Optional[int] = 64 << 20,
+        transport: Optional[_Str] = 'auto',
+        ucx_transports: Optional[_Str] = '',
+        ucx_reconnect_backoff: Optional[_Duration] = 1.0,
+        ucx_reconnect_backoff_ms: Optional[float] = None,
+        ucx_get_lanes: Optional[int] = 2,
+        tls_ca_file: Optional[_Str] = '',
+        tls_cert_file: Optional[_Str] = '',
+        tls_key_file: Optional[_Str] = '',
+        tls_server_name: Optional[_Str] = '',
+        auth_token: Optional[_Str] = '',
+        replication_factor: Optional[int] = 1,
+        replication_overrides: Optional[Sequence[_OverrideIn]] = (),
+        hot_read_replicas: Optional[int] = 0,
+        hot_depth: Optional[int] = 4,
+        replica_queue_bytes: Optional[int] = 256 << 20,
+        hint_queue_bytes: Optional[int] = 256 << 20,
+        hint_retry_interval: Optional[_Duration] = 1.0,
+        hint_retry_interval_ms: Optional[float] = None,
     ) -> None: ...
+    @property
+    def options(self) -> ClientOptions: ...
     def fingerprints(
         self,
         ns: Namespace,
@@ -252,10 +433,93 @@ class Client:
         shard: int = 0,
         first_block_index: int = 0,
     ) -> List[PutResult]: ...
-    def stats(self) -> Dict[str, int]: ...
-    def members(self) -> List[Dict[str, Union[str, bool]]]: ...
+    def stats(self) -> Dict[str, int]: ...  # every ClientStats counter
+    def members(self) -> List[Dict[str, Union[str, bool, int]]]: ...
+    def flush_replicas(self, timeout: _Duration = 10.0) -> None: ...
     def close(self) -> None: ...
     @property
     def closed(self) -> bool: ...
     def __enter__(self) -> Client: ...
     def __exit__(self, *args: Any) -> bool: ...
+
+class EventSubscriber:
+    """Follows the KV events of many servers (docs/events.md): an index of which node holds which blocks."""
+
+    def __init__(
+        self,
+        members: _MembersIn,  # the servers' gRPC addresses
+        *,
+        rpc_timeout: Optional[_Duration] = 5.0,
+        rpc_timeout_ms: Optional[float] = None,
+        retry_interval: Optional[_Duration] = 1.0,
+        retry_interval_ms: Optional[float] = None,
+        receive_hwm: Optional[int] = 100000,
+        max_message_bytes: Optional[int] = 80 << 20,
+        tls_ca_file: Optional[_Str] = "",
+        tls_cert_file: Optional[_Str] = "",
+        tls_key_file: Optional[_Str] = "",
+        tls_server_name: Optional[_Str] = "",
+        auth_token: Optional[_Str] = "",  # an admin token on servers with auth
+    ) -> None: ...
+    def wait_for_catch_up(self, timeout: _Duration = 10.0) -> None: ...
+    def nodes_holding(self, fingerprint: Union[_Bytes, str], shard: int = 0) -> List[str]: ...
+    def prefix_match(
+        self, ns: Union[Namespace, int], fingerprints: _FingerprintsIn, shard: int = 0
+    ) -> List[Tuple[str, int]]: ...  # (node_id, leading blocks held), longest first
+    def blocks_of(self, node_id: str) -> List[Dict[str, Union[bytes, int, str]]]: ...
+    def nodes(self) -> List[Dict[str, Union[str, int, bool]]]: ...
+    def stats(self) -> Dict[str, int]: ...
+    def pause(self) -> None: ...
+    def resume(self) -> None: ...
+    def close(self) -> None: ...
+    @property
+    def closed(self) -> bool: ...
+    def __enter__(self) -> EventSubscriber: ...
+    def __exit__(self, *args: Any) -> bool: ...
+
+EVENT_SUBSCRIBER_OPTIONS: List[str]  # the keywords of EventSubscriber
+
+class LshBands:
+    def __init__(self, bands: int, rows: int) -> None: ...
+    @property
+    def bands(self) -> int: ...
+    @property
+    def rows(self) -> int: ...
+    def collision_probability(self, s: float) -> float: ...
+    def approximate_threshold(self) -> float: ...
+
+def choose_lsh_bands(threshold: float = 0.85, num_hashes: int = 128) -> LshBands: ...
+
+class MinHasher:
+    """MinHash signatures, LSH band keys and affinity keys of 64-bit item sequences (DESIGN.md §7)."""
+
+    def __init__(
+        self, *, threshold: float = 0.85, num_hashes: int = 128, shingle_size: int = 1, seed: int = 0
+    ) -> None: ...
+    @property
+    def threshold(self) -> float: ...
+    @property
+    def num_hashes(self) -> int: ...
+    @property
+    def shingle_size(self) -> int: ...
+    @property
+    def seed(self) -> int: ...
+    @property
+    def bands(self) -> LshBands: ...
+    def signature(self, items: _ItemsIn) -> List[int]: ...
+    def band_keys(self, signature: _ItemsIn) -> List[int]: ...
+    def band_keys_of(self, items: _ItemsIn) -> List[int]: ...
+    def affinity_key(self, items: _ItemsIn) -> int: ...
+
+def items_from_fingerprints(fingerprints: _FingerprintsIn) -> List[int]: ...
+def items_from_tokens(tokens: _TokensIn) -> List[int]: ...
+def prompt_group_key(fingerprints: _FingerprintsIn) -> int: ...  # the key servers count lookups under
+
+GROUP_KEY_BLOCKS: int  # prompt_group_key reads at most this many leading fingerprints
+
+class SimilarityIndex:
+    """A bounded LSH table that assigns group ids; thread-safe."""
+
+    def __init__(self, capacity_keys: int = 1 << 20) -> None: ...
+    def assign(self, band_keys: _ItemsIn) -> int: ...
+    def __len__(self) -> int: ...

@@ -28,6 +28,7 @@
 #include "kvtier/common/fingerprint.h"
 #include "kvtier/common/kv_layout.h"
 #include "kvtier/common/namespace.h"
+#include "module_parts.h"
 
 namespace kvtier::python {
 namespace {
@@ -218,6 +219,9 @@ Namespace MakeNamespace(const std::string& tenant, const std::string& model, std
 // ---------------------------------------------------------------------------------------------------
 // Tokens, fingerprints and extra keys
 
+}  // namespace
+
+// ToTokens and ToFingerprints are shared with the other parts of the module (module_parts.h).
 std::vector<uint32_t> ToTokens(py::handle tokens) {
   std::vector<uint32_t> out;
   auto put = [&](long long v, size_t i) {
@@ -328,6 +332,8 @@ std::vector<Fingerprint> ToFingerprints(py::handle fps) {
   }
   throw py::type_error("fingerprints: must be a list of 32-byte values or one buffer of 32 * n bytes");
 }
+
+namespace {
 
 ExtraKeys ToExtraKeys(py::object lora, py::object cache_salt, py::object multimodal) {
   ExtraKeys keys;
@@ -440,7 +446,7 @@ py::object ExternalKeyFingerprints(const Namespace& ns, const py::sequence& keys
 // only drops this reference; the C++ client is destroyed when the last call returns.
 class PyClient {
  public:
-  explicit PyClient(std::shared_ptr<Client> c) : client_(std::move(c)) {}
+  PyClient(std::shared_ptr<Client> c, ClientOptions options) : client_(std::move(c)), options_(std::move(options)) {}
 
   std::shared_ptr<Client> Get() const {
     if (client_ == nullptr) ThrowStatus(absl::FailedPreconditionError("kvtier.Client: closed"));
@@ -452,49 +458,22 @@ class PyClient {
     c.reset();
   }
   bool closed() const { return client_ == nullptr; }
+  const ClientOptions& options() const { return options_; }
 
  private:
   std::shared_ptr<Client> client_;
+  ClientOptions options_;  // what the client was connected with
 };
 
-std::vector<std::string> ToMembers(py::handle members) {
-  std::vector<std::string> out;
-  if (py::isinstance<py::str>(members)) {
-    const std::string s = members.cast<std::string>();
-    size_t start = 0;
-    while (start <= s.size()) {
-      const size_t comma = s.find(',', start);
-      std::string m = s.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
-      m.erase(0, m.find_first_not_of(" \t"));
-      m.erase(m.find_last_not_of(" \t") + 1);
-      if (!m.empty()) out.push_back(m);
-      if (comma == std::string::npos) break;
-      start = comma + 1;
-    }
-    return out;
-  }
-  for (py::handle m : members) out.push_back(py::str(m).cast<std::string>());
-  return out;
-}
-
-PyClient Connect(py::handle members, int64_t rpc_timeout_ms, int64_t connect_timeout_ms, uint64_t max_message_bytes,
-                 uint64_t stream_chunk_bytes, uint32_t max_blocks_per_request, uint32_t put_batch_blocks,
-                 uint32_t virtual_nodes) {
-  ClientOptions o;
-  o.members = ToMembers(members);
-  o.rpc_timeout = absl::Milliseconds(rpc_timeout_ms);
-  o.connect_timeout = absl::Milliseconds(connect_timeout_ms);
-  o.max_message_bytes = max_message_bytes;
-  o.stream_chunk_bytes = stream_chunk_bytes;
-  o.max_blocks_per_request = max_blocks_per_request;
-  o.put_batch_blocks = put_batch_blocks;
-  o.virtual_nodes = virtual_nodes;
+// Client(members=None, *, options=None, **fields): see ClientOptionsFromPython (options.cc).
+PyClient Connect(py::handle members, py::handle options, const py::kwargs& fields) {
+  ClientOptions o = ClientOptionsFromPython(options, members, fields);
   absl::StatusOr<std::unique_ptr<Client>> c;
   {
     py::gil_scoped_release release;
     c = Client::Connect(o);
   }
-  return PyClient(std::shared_ptr<Client>(ValueOrThrow(std::move(c))));
+  return PyClient(std::shared_ptr<Client>(ValueOrThrow(std::move(c))), std::move(o));
 }
 
 struct PyLookupResult {
@@ -661,36 +640,11 @@ std::vector<PutResult> PutPtrs(const PyClient& self, const Namespace& ns, py::ha
   return ValueOrThrow(std::move(r));
 }
 
-py::dict Stats(const PyClient& self) {
-  const client::ClientStats& s = self.Get()->stats();
-  py::dict d;
-  d["lookups"] = s.lookups.load();
-  d["lookup_blocks"] = s.lookup_blocks.load();
-  d["prefix_hit_blocks"] = s.prefix_hit_blocks.load();
-  d["prefix_hit_tokens"] = s.prefix_hit_tokens.load();
-  d["get_blocks"] = s.get_blocks.load();
-  d["retrieve_hit_blocks"] = s.retrieve_hit_blocks.load();
-  d["retrieve_hit_tokens"] = s.retrieve_hit_tokens.load();
-  d["retrieve_hit_bytes"] = s.retrieve_hit_bytes.load();
-  d["put_blocks"] = s.put_blocks.load();
-  d["put_stored_blocks"] = s.put_stored_blocks.load();
-  d["put_stored_bytes"] = s.put_stored_bytes.load();
-  d["put_rejected_blocks"] = s.put_rejected_blocks.load();
-  d["misses_from_errors"] = s.misses_from_errors.load();
-  d["rpc_errors"] = s.rpc_errors.load();
-  d["checksum_failures"] = s.checksum_failures.load();
-  return d;
-}
+py::dict Stats(const PyClient& self) { return StatsToDict(self.Get()->stats()); }
 
 py::list Members(const PyClient& self) {
   py::list out;
-  for (const client::MemberInfo& m : self.Get()->members()) {
-    py::dict d;
-    d["node_id"] = m.node_id;
-    d["address"] = m.address;
-    d["in_ring"] = m.in_ring;
-    out.append(d);
-  }
+  for (const client::MemberInfo& m : self.Get()->members()) out.append(MemberToDict(m));
   return out;
 }
 
@@ -732,6 +686,9 @@ py::object NewException(const char* name, py::handle bases, const char* doc) {
 }
 
 }  // namespace
+
+void RaiseStatus(const absl::Status& s) { ThrowStatus(s); }
+
 }  // namespace kvtier::python
 
 // PyInit__kvtier. Everything above is internal to this translation unit.
@@ -869,20 +826,27 @@ fingerprints() returns.)doc");
                             ", blocks_from_errors=", r.blocks_from_errors, ")");
       });
 
+  RegisterClientOptions(m);
   py::class_<PyClient>(m, "Client", R"doc(
 A connection to a kvtier cluster. Thread-safe: calls from many threads run concurrently, each without
-the GIL while it waits on the network. A dead or slow member turns into misses within rpc_timeout_ms,
+the GIL while it waits on the network. A dead or slow member turns into misses within rpc_timeout,
 never a hang; such misses are counted in stats()['misses_from_errors'].
 
-Client(members, *, rpc_timeout_ms=2000, connect_timeout_ms=5000, max_message_bytes=80 MiB,
-       stream_chunk_bytes=1 MiB, max_blocks_per_request=4096, put_batch_blocks=64, virtual_nodes=1024)
-  members: ["host:port" or "node_id=host:port", ...] or one comma-separated str.
-Raises InvalidArgumentError (bad options) or UnavailableError (no member reachable).
+Client(members=None, *, options=None, **fields)
+  members: ["host:port" or "node_id=host:port", ...] or one comma-separated str (may be omitted with
+    members_dns).
+  options: a kvtier.ClientOptions to start from; members and **fields apply on top of it.
+  fields: any ClientOptions field (ClientOptions.FIELDS): membership (members_dns, dns_server, health
+    checks), timeouts, transport ("auto" | "grpc" | "ucx"), TLS (tls_ca_file, tls_cert_file, tls_key_file,
+    tls_server_name), auth_token, replication. Durations are seconds or datetime.timedelta, or `<name>_ms`
+    in milliseconds (rpc_timeout_ms=2000).
+Raises TypeError (unknown option, wrong type), InvalidArgumentError (a bad value, naming the field) or
+UnavailableError (no member reachable).
 Use as a context manager, or call close().)doc")
-      .def(py::init(&Connect), py::arg("members"), py::kw_only(), py::arg("rpc_timeout_ms") = 2000,
-           py::arg("connect_timeout_ms") = 5000, py::arg("max_message_bytes") = 80ULL << 20,
-           py::arg("stream_chunk_bytes") = 1ULL << 20, py::arg("max_blocks_per_request") = 4096,
-           py::arg("put_batch_blocks") = 64, py::arg("virtual_nodes") = HashRing::kDefaultVirtualNodes)
+      .def(py::init(&Connect), py::arg("members") = py::none(), py::kw_only(), py::arg("options") = py::none())
+      .def_property_readonly(
+          "options", [](const PyClient& self) { return self.options(); },
+          "The ClientOptions this client was connected with (a copy).")
       .def(
           "fingerprints",
           [](const PyClient&, const Namespace& ns, py::handle tokens, py::object lora, py::object cache_salt,
@@ -935,11 +899,34 @@ staging copy. The addresses must stay valid and unaliased for the call: nothing 
       .def("put_ptrs", &PutPtrs, py::arg("ns"), py::arg("fingerprints"), py::arg("ptrs"), py::arg("sizes"),
            py::arg("shard") = 0, py::arg("first_block_index") = 0, "put() from raw host addresses (see get_ptrs).")
       .def("stats", &Stats, R"doc(
-This client's monotonic counters (DESIGN.md §5 hit accounting), as a dict of ints: lookups,
-lookup_blocks, prefix_hit_blocks, prefix_hit_tokens, get_blocks, retrieve_hit_blocks,
-retrieve_hit_tokens, retrieve_hit_bytes, put_blocks, put_stored_blocks, put_stored_bytes,
-put_rejected_blocks, misses_from_errors, rpc_errors, checksum_failures.)doc")
-      .def("members", &Members, "The members as this client sees them: [{'node_id', 'address', 'in_ring'}].")
+Every counter of this client's ClientStats (kvtier/client/client.h documents each), as a dict of ints:
+hit accounting (lookups, lookup_blocks, prefix_hit_blocks, prefix_hit_tokens, get_blocks,
+retrieve_hit_blocks, retrieve_hit_tokens, retrieve_hit_bytes, put_blocks, put_stored_blocks,
+put_stored_bytes, put_rejected_blocks), failures (misses_from_errors, rpc_errors, checksum_failures),
+UCX (ucx_get_blocks, ucx_lane_get_blocks, ucx_leases, ucx_put_blocks, ucx_endpoint_failures,
+ucx_connects), membership (ring_changes, dns_resolutions, dns_failures, health_check_failures,
+members_ejected) and replication (replica_puts, replica_put_failures, hints_queued, hints_delivered,
+hints_dropped, replica_read_blocks).)doc")
+      .def("members", &Members, R"doc(
+Every member as this client sees it, static ones first: dicts with node_id ('' until it answered),
+address, from_dns, in_ring, health ('unknown' | 'healthy' | 'ejected'), consecutive_failures,
+last_health_error and transport (this member's data path now: 'ucx', 'grpc', or 'none' with transport
+'ucx' and no working endpoint).)doc")
+      .def(
+          "flush_replicas",
+          [](const PyClient& self, py::handle timeout) {
+            std::shared_ptr<Client> c = self.Get();
+            const absl::Duration t = ToDuration(timeout, "timeout");
+            absl::Status st;
+            {
+              py::gil_scoped_release release;
+              st = c->FlushReplicas(t);
+            }
+            OkOrThrow(st);
+          },
+          py::arg("timeout") = 10.0, R"doc(
+Waits until the background replica queue is empty (hinted blocks waiting for their owner do not count),
+for at most `timeout` (seconds or datetime.timedelta). Raises kvtier.Error (DEADLINE_EXCEEDED).)doc")
       .def("close", &PyClient::Close, "Closes the channels. Later calls raise kvtier.Error (FAILED_PRECONDITION).")
       .def_property_readonly("closed", &PyClient::closed)
       .def("__enter__", [](py::object self) { return self; })
@@ -947,4 +934,7 @@ put_rejected_blocks, misses_from_errors, rpc_errors, checksum_failures.)doc")
         self.Close();
         return false;
       });
+
+  RegisterEventSubscriber(m);
+  RegisterSimilarity(m);
 }
