@@ -24,18 +24,6 @@ _DTYPE_NAMES = {
     "fp8_e4m3": "fp8_e4m3",
 }
 
-# Client options an adapter's configuration may carry (the rest of Client's keywords).
-_CLIENT_OPTIONS = (
-    "rpc_timeout_ms",
-    "connect_timeout_ms",
-    "max_message_bytes",
-    "stream_chunk_bytes",
-    "max_blocks_per_request",
-    "put_batch_blocks",
-    "virtual_nodes",
-)
-
-
 def dtype_name(dtype: Any) -> str:
     """kvtier's name for an engine dtype: torch.bfloat16, 'bfloat16', numpy float16, 'fp8', ..."""
     name = str(getattr(dtype, "name", None) or dtype)
@@ -49,13 +37,34 @@ def dtype_name(dtype: Any) -> str:
         ) from None
 
 
+def client_options(config: Mapping[str, Any]) -> kvtier.ClientOptions:
+    """The kvtier.ClientOptions of an adapter config: every key that is a ClientOptions keyword
+    (kvtier.ClientOptions.KEYWORDS: members, members_dns, dns_server, transport, tls_ca_file,
+    tls_cert_file, tls_key_file, tls_server_name, auth_token, replication_factor, replication_overrides,
+    rpc_timeout_ms, ...), plus ``auth_token_file``: a file holding the token (read once, surrounding
+    whitespace stripped), which keeps the token off the engine's command line. The adapter's own keys
+    are ignored here. Raises ValueError naming the key (kvtier.InvalidArgumentError for a bad value)."""
+    options = {k: config[k] for k in config if k in kvtier.ClientOptions.KEYWORDS}
+    token_file = config.get("auth_token_file")
+    if token_file:
+        if options.get("auth_token"):
+            raise ValueError("kvtier: the adapter config has both 'auth_token' and 'auth_token_file'; give one")
+        try:
+            with open(token_file) as f:
+                options["auth_token"] = f.read().strip()
+        except OSError as e:
+            raise ValueError(f"kvtier: auth_token_file: {e}") from None
+        if not options["auth_token"]:
+            raise ValueError(f"kvtier: auth_token_file: {token_file} is empty")
+    if not options.get("members") and not options.get("members_dns"):
+        raise ValueError("kvtier: the adapter config needs 'members' (['host:port', ...] or 'h:p,h:p') or "
+                         "'members_dns' ('NAME:PORT')")
+    return kvtier.ClientOptions(**options)
+
+
 def connect(config: Mapping[str, Any]) -> kvtier.Client:
-    """A Client from an adapter config: 'members' (list or comma-separated str) plus any Client option."""
-    members = config.get("members")
-    if not members:
-        raise ValueError("kvtier: the adapter config needs 'members' (['host:port', ...] or 'h:p,h:p')")
-    options = {k: int(config[k]) for k in _CLIENT_OPTIONS if k in config}
-    return kvtier.Client(members, **options)
+    """A Client from an adapter config (see client_options)."""
+    return kvtier.Client(options=client_options(config))
 
 
 def optional_str(config: Mapping[str, Any], key: str) -> Optional[str]:

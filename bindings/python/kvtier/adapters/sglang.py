@@ -113,9 +113,12 @@ class KvtierHiCacheStorage(_Base):
     """HiCacheStorage on a kvtier cluster. Construct as SGLang's dynamic backend factory does:
     ``KvtierHiCacheStorage(storage_config, kwargs)``; ``storage_config.extra_config`` carries:
 
-    members (required): ["host:port", ...] or "h:p,h:p"; tenant (default "default"); revision;
-    tenant_salt; model (default storage_config.model_name); dtype and layout (a dict of KvLayout fields,
-    to override what is read from the host pool); and Client options (rpc_timeout_ms, ...).
+    members (["host:port", ...] or "h:p,h:p") or members_dns ("NAME:PORT"): one is required; tenant
+    (default "default"); revision; tenant_salt; model (default storage_config.model_name); dtype and
+    layout (a dict of KvLayout fields, to override what is read from the host pool); auth_token_file;
+    and every Client option by its name (kvtier.ClientOptions.KEYWORDS: dns_server, transport,
+    tls_ca_file, tls_cert_file, tls_key_file, tls_server_name, auth_token, replication_factor,
+    replication_overrides, rpc_timeout_ms, ...).
     ``client=`` may pass an existing kvtier.Client (shared, not closed by close()).
     """
 

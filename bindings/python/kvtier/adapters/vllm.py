@@ -8,6 +8,10 @@ vLLM at it with configuration only:
         "kv_connector_module_path": "kvtier.adapters.vllm", "kv_role": "kv_both",
         "kv_connector_extra_config": {"members": ["10.0.0.1:7000"], "tenant": "acme"}}'
 
+A secured cluster (docs/deploy.md) needs the same keys as kvtier.Client: e.g. "members_dns":
+"kvtier-headless.kvtier.svc.cluster.local:7400", "tls_ca_file", "tls_cert_file", "tls_key_file",
+"auth_token_file" (or "auth_token"), "transport": "ucx", "replication_factor": 2.
+
 Flow (one connector instance per role, as vLLM creates them)
 - Scheduler: get_num_new_matched_tokens() fingerprints the prompt (kvtier.fingerprints: namespace, tokens,
   LoRA, cache_salt, multimodal hashes) and starts a lookup of the leading run in the background. It waits
@@ -177,14 +181,17 @@ def _extra_keys(request: Any) -> Optional[dict]:
 class KvtierConnector(_Base):
     """vLLM KV connector storing prompt KV blocks in kvtier. See the module docstring.
 
-    kv_connector_extra_config keys: members (required); tenant (default "default"); revision (default
-    the model revision); tenant_salt; kv_layout ("nhd" | "blocks_first" | "mla"); num_layers,
-    num_kv_heads, head_dim, latent_dim, dtype (read from vllm_config when absent); tp_rank (worker;
-    default from vLLM's parallel state); load_deadline_ms (default 2000); step_budget_ms (default 20);
-    defer_lookups (default true: return None while a lookup is pending; false: count it as a miss, for
-    vLLM releases without that answer); load_threads (4); lookup_threads (2); save_queue_bytes (256 MiB);
-    and Client options (rpc_timeout_ms, ...; rpc_timeout_ms defaults to load_deadline_ms here, so that a
-    fetch thread is never held longer than a load may take).
+    kv_connector_extra_config keys: members or members_dns (one is required); tenant (default
+    "default"); revision (default the model revision); tenant_salt; kv_layout ("nhd" | "blocks_first" |
+    "mla"); num_layers, num_kv_heads, head_dim, latent_dim, dtype (read from vllm_config when absent);
+    tp_rank (worker; default from vLLM's parallel state); load_deadline_ms (default 2000); step_budget_ms
+    (default 20); defer_lookups (default true: return None while a lookup is pending; false: count it as
+    a miss, for vLLM releases without that answer); load_threads (4); lookup_threads (2);
+    save_queue_bytes (256 MiB); auth_token_file; and every Client option by its name
+    (kvtier.ClientOptions.KEYWORDS: dns_server, transport, tls_ca_file, tls_cert_file, tls_key_file,
+    tls_server_name, auth_token, replication_factor, replication_overrides, rpc_timeout_ms, ...;
+    the rpc timeout defaults to load_deadline_ms here, so that a fetch thread is never held longer than
+    a load may take).
 
     Thread-safety: vLLM calls each role's methods from one thread; the connector's own background
     threads share only the locked job and counter state with it.
@@ -214,7 +221,8 @@ class KvtierConnector(_Base):
         self._owns_client = client is None
         if client is None:
             client_config = dict(extra)
-            client_config.setdefault("rpc_timeout_ms", int(self._load_deadline_s * 1000))
+            if "rpc_timeout" not in client_config and "rpc_timeout_ms" not in client_config:
+                client_config["rpc_timeout_ms"] = int(self._load_deadline_s * 1000)
             client = connect(client_config)
         self._client = client
         self._counters: collections.Counter = collections.Counter()
