@@ -167,6 +167,17 @@ class TransportTest(unittest.TestCase):
             self.assertGreater(s["ucx_get_blocks"], 0)
             self.assertLess(s["ucx_get_blocks"], 12)  # plain-1's blocks came over gRPC
 
+    def test_a_listener_bound_to_one_address_is_dialled_there(self):
+        # gRPC on 127.0.0.1 and 127.0.0.2, both UCX listeners on 127.0.0.1 (GetInfo.ucx_address): the
+        # client dials each listener where it is bound, not at the host it reached gRPC at.
+        spread = kvtier_cluster.Cluster(2, prefix="spread", distinct_hosts=True, ucx=True)
+        self.addCleanup(spread.stop)
+        with kvtier.Client(spread.members, transport="ucx") as c:
+            self.assertEqual([m["transport"] for m in c.members()], ["ucx", "ucx"])
+            put, got = self.round_trip(c, seed=4)
+            self.assertEqual(got, [kvtier.GetResult.HIT] * 6)
+            self.assertEqual(c.stats()["ucx_get_blocks"], 6)
+
     def test_ucx_without_a_ucx_member_gives_misses_from_error(self):
         with kvtier.Client(self.plain.members, transport="ucx", rpc_timeout=1) as c:
             put, got = self.round_trip(c, n=3, seed=3)

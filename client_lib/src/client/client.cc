@@ -35,6 +35,16 @@ namespace {
 
 constexpr uint32_t kMaxReplicationFactor = 16;
 
+// A member's UCX listener: at the host it is bound to (info.ucx_address), since a listener bound to one
+// address accepts only there; at the host we reach the member's gRPC at when it is bound to a wildcard
+// (which accepts on every address), as the events subscriber does with a PUB endpoint.
+std::string UcxTarget(const std::string& grpc_address, const v1::GetInfoResponse& info) {
+  auto bound = ParseHostPort(info.ucx_address(), /*min_port=*/0);
+  const std::string host =
+      bound.ok() && !IsWildcardHost(bound->host) ? bound->host : grpc_address.substr(0, grpc_address.rfind(':'));
+  return absl::StrCat(host, ":", info.ucx_port());
+}
+
 // The replication fields of ClientOptions (docs/config.md "Replication").
 absl::Status ValidateReplication(const ClientOptions& o) {
   if (o.replication_factor == 0 || o.replication_factor > kMaxReplicationFactor) {
@@ -386,9 +396,7 @@ class Client::Impl {
       outcome = ucx_client == nullptr ? UcxPeer::State::kUnsupported : UcxPeer::State::kDown;
     }
     if (ucx_client != nullptr) {
-      // The member's UCX listener, on the host we reach its gRPC at.
-      const std::string& a = member.address;
-      const std::string target = absl::StrCat(a.substr(0, a.rfind(':')), ":", info.ucx_port());
+      const std::string target = UcxTarget(member.address, info);
       const std::string node_id = member.NodeId();
       auto conn = ucx_client->Connect(target, until);
       if (conn.ok() && (node_id.empty() || conn->node_id == node_id)) {

@@ -29,7 +29,7 @@ std::string ConnectEndpoint(const std::string& bound, const std::string& member_
   const size_t colon = bound.rfind(':');
   if (scheme == std::string::npos || colon == std::string::npos || colon <= scheme + 3) return bound;
   const std::string host = bound.substr(scheme + 3, colon - scheme - 3);
-  if (host != "0.0.0.0" && host != "*" && host != "[::]" && host != "::") return bound;
+  if (!IsWildcardHost(host)) return bound;
   const std::string member_host = member_address.substr(0, member_address.rfind(':'));
   return absl::StrCat(bound.substr(0, scheme + 3), member_host, bound.substr(colon));
 }

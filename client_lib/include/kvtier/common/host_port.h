@@ -41,6 +41,12 @@ inline absl::StatusOr<HostPort> ParseHostPort(absl::string_view address, uint32_
   return HostPort{.host = std::string(host), .port = p};
 }
 
+// Whether a listener bound to `host` accepts on every address of its machine (0.0.0.0, [::], ::, or
+// ZeroMQ's *): clients then dial it at the host they reach the server at, rather than at `host`.
+inline bool IsWildcardHost(absl::string_view host) {
+  return host == "0.0.0.0" || host == "*" || host == "[::]" || host == "::";
+}
+
 }  // namespace kvtier
 
 #endif  // KVTIER_COMMON_HOST_PORT_H_
