@@ -48,7 +48,7 @@ def server_binary() -> str:
 
 class Server:
     """One kvtier-server child process. `host` is its loopback address and `port` its gRPC port (0: the
-    kernel picks); `ucx` adds a UCX listener on the same host, `events` a KV-event PUB socket, and
+    kernel picks); `ucx` adds a UCX listener (on 127.0.0.1), `events` a KV-event PUB socket, and
     `extra_args` any other flags (e.g. --config=FILE)."""
 
     def __init__(self, node_id: str, workdir: str, host_cache_bytes: str = "128MiB", *, host: str = "127.0.0.1",
@@ -69,7 +69,9 @@ class Server:
             # hybrid model, each a size of its own) gets slabs without evicting another size's.
             "--slab_bytes=8MiB",
             "--max_block_bytes=8MiB",
-            f"--ucx_listen_address={host}:0" if ucx else "--ucx_listen_address=none",
+            # UCX 1.13 serves only the first address of a network device, so the listener stays on
+            # 127.0.0.1 whatever `host` is; clients dial the address a listener is bound to.
+            "--ucx_listen_address=127.0.0.1:0" if ucx else "--ucx_listen_address=none",
         ]
         if events:
             args.append(f"--events_pub_endpoint=tcp://{host}:0")
@@ -132,16 +134,16 @@ class Cluster:
     keywords go to every Server."""
 
     def __init__(self, nodes: int = 3, prefix: str = "py", host_cache_bytes: str = "128MiB", *,
-                 distinct_hosts: bool = False, **server_kwargs):
+                 distinct_hosts: bool = False, hosts: Optional[Sequence[str]] = None, **server_kwargs):
         self.workdir = tempfile.mkdtemp(prefix="kvtier-pytest-")
         self.servers: List[Server] = []
         try:
             port = 0
             for i in range(1, nodes + 1):
-                host = f"127.0.0.{i}" if distinct_hosts else "127.0.0.1"
+                host = hosts[i - 1] if hosts else f"127.0.0.{i}" if distinct_hosts else "127.0.0.1"
                 server = Server(f"{prefix}-{i}", self.workdir, host_cache_bytes, host=host, port=port,
                                 **server_kwargs)
-                if distinct_hosts:
+                if distinct_hosts or hosts:
                     port = server.port
                 self.servers.append(server)
         except BaseException:
