@@ -173,6 +173,20 @@ class SecureClusterTest(unittest.TestCase):
               f"recomputed; reader: {stats['ucx_get_blocks']} blocks over UCX, {stats['replica_read_blocks']} from "
               f"replicas, {stats['misses_from_errors']} misses from errors, 0 wrong bytes")
 
+    def test_vllm_connector_whose_token_is_refused_recomputes_without_an_exception(self):
+        # The token is acme's, the namespace another tenant's: the servers refuse every lookup and put
+        # (PERMISSION_DENIED, the call's error); the connector logs it and the engine computes everything.
+        engine = StandInEngine(self.extra(tenant="beta", load_deadline_ms=3000, step_budget_ms=2000))
+        self.addCleanup(engine.close)
+        tokens = list(range(70000, 70000 + 4 * B + 1))
+        for rid in ("x", "y"):
+            request = Request(rid, tokens)
+            self.assertEqual(engine.run(request)[0], 0)  # never a hit
+            self.assertTrue(engine.wait_idle(30))
+            self.assertEqual(engine.forward_tokens[rid], len(tokens))
+            self.assert_cache_matches_model(engine, request)
+        self.assertEqual(engine.workers[0].connector_stats().get("save_blocks_failed"), 2 * 4)
+
     def assert_cache_matches_model(self, engine, request):
         tokens, block_ids = request.prompt_token_ids, request.block_ids
         for b in range(len(tokens) // B):
