@@ -31,7 +31,8 @@ TEST_PACKAGES=(
   # tests/deploy: promtool (Debian's prometheus package) checks /metrics and deploy/prometheus; node and
   # npm install kubernetes-models to validate deploy/k8s.
   prometheus
-  dnsmasq-base  # tests/integration/dns_membership_test.cc: a DNS server on a high loopback port
+  dnsmasq-base  # DNS membership tests (dns_membership_test.cc, tests/python/*_suite.py): a DNS server on a high port
+  openssl  # the security tests (tests/integration/security, tests/python/*_suite.py) make certificates with its CLI
 )
 # nodejs from NodeSource ships npm itself and conflicts with Debian's npm.
 if ! command -v npm >/dev/null 2>&1; then TEST_PACKAGES+=(nodejs npm); fi
