@@ -22,6 +22,9 @@ absl::Status BlockStoreOptions::Validate() const {
   if (reservation_ttl <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("reservation_ttl: must be > 0");
   }
+  if (!(tenant_pinned_share > 0 && tenant_pinned_share <= 1)) {
+    return absl::InvalidArgumentError("tenant_pinned_share: must be in (0, 1]");
+  }
   if (!disk_path.empty() && disk_capacity_bytes == 0) {
     return absl::InvalidArgumentError("disk_capacity_bytes: must be > 0 when disk_path is set");
   }
@@ -210,7 +213,7 @@ void BlockStore::DemoteOrDropLocked(EntryHandle h) {
   stats_.stored_bytes.fetch_sub(allocator_->SlotBytesOf(e.slot), std::memory_order_relaxed);
   allocator_->Free(e.slot);
   e.slot = SlotRef{};
-  e.tier = Tier::kDisk;
+  SetTierLocked(h, Tier::kDisk);
   if (sink_ != nullptr) sink_->OnMoved(EventInfoOf(e), Tier::kHost);
   disk_policy_->OnInsert(h, AccessOf(e));
   stats_.disk_blocks.fetch_add(1, std::memory_order_relaxed);
@@ -227,7 +230,9 @@ bool BlockStore::LoadFromDiskLocked(EntryHandle h, std::vector<std::byte>* owned
                            .depth = e.depth,
                            .access_count = e.access_count};
   std::optional<SlotRef> slot;
-  if (options_.promote_on_hit) {
+  // A leased block moves up only within its tenant's pinned bound; past it, it is served from a buffer of
+  // the lease's own and stays on disk, where its lease pins no host slot.
+  if (options_.promote_on_hit && (e.lease_count == 0 || MayPinInHostLocked(e))) {
     const uint64_t slot_bytes = allocator_->SlotBytes(e.size_bytes);
     slot = allocator_->Allocate(e.size_bytes);
     while (!slot.has_value() && EvictOneLocked(slot_bytes)) slot = allocator_->Allocate(e.size_bytes);
@@ -255,7 +260,7 @@ bool BlockStore::LoadFromDiskLocked(EntryHandle h, std::vector<std::byte>* owned
     stats_.disk_blocks.fetch_sub(1, std::memory_order_relaxed);
     stats_.disk_bytes.fetch_sub(e.size_bytes, std::memory_order_relaxed);
     e.slot = *slot;
-    e.tier = Tier::kHost;
+    SetTierLocked(h, Tier::kHost);
     if (sink_ != nullptr) sink_->OnMoved(EventInfoOf(e), Tier::kDisk);
     policy_->OnInsert(h, AccessOf(e));
     stats_.stored_blocks.fetch_add(1, std::memory_order_relaxed);
@@ -293,7 +298,7 @@ bool BlockStore::EvictOneHbmLocked(uint64_t slot_bytes) {
 
 bool BlockStore::PromoteToHbmLocked(EntryHandle h) {
   Entry& e = entries_[h];
-  if (e.size_bytes > hbm_allocator_->slab_bytes()) return false;
+  if (e.size_bytes > hbm_allocator_->max_block_bytes()) return false;  // could never fit: evict nothing
   const uint64_t slot_bytes = hbm_allocator_->SlotBytes(e.size_bytes);
   std::optional<SlotRef> slot = hbm_allocator_->Allocate(e.size_bytes);
   while (!slot.has_value() && EvictOneHbmLocked(slot_bytes)) slot = hbm_allocator_->Allocate(e.size_bytes);
@@ -354,7 +359,7 @@ void BlockStore::SwitchMemoryTierLocked(EntryHandle h, SlotRef slot) {
   old_tier.bytes.fetch_sub(old_tier.allocator.SlotBytesOf(e.slot), std::memory_order_relaxed);
   old_tier.allocator.Free(e.slot);
   e.slot = slot;
-  e.tier = from == Tier::kHbm ? Tier::kHost : Tier::kHbm;
+  SetTierLocked(h, from == Tier::kHbm ? Tier::kHost : Tier::kHbm);
   if (sink_ != nullptr) sink_->OnMoved(EventInfoOf(e), from);
   new_tier.policy.OnInsert(h, AccessOf(e));
   new_tier.blocks.fetch_add(1, std::memory_order_relaxed);
@@ -412,7 +417,7 @@ uint64_t BlockStore::NewLeaseLocked(std::vector<EntryHandle> entries, absl::Dura
   const uint64_t id = next_id_++;
   if (!counted) {
     for (EntryHandle h : entries) {
-      if (h != kNoEntry) ++entries_[h].lease_count;
+      if (h != kNoEntry) PinEntryLocked(h);
     }
   }
   const absl::Time expiry = clock_->Now() + ttl;
@@ -428,7 +433,7 @@ void BlockStore::EndLeaseLocked(uint64_t lease_id, Lease& lease) {
     return;
   }
   for (EntryHandle h : lease.entries) {
-    if (h != kNoEntry) --entries_[h].lease_count;
+    if (h != kNoEntry) UnpinEntryLocked(h);
   }
   stats_.active_leases.fetch_sub(1, std::memory_order_relaxed);
   leases_.erase(lease_id);
@@ -485,16 +490,24 @@ BlockStore::LookupResult BlockStore::Lookup(const NamespaceRef& ns, std::span<co
     if (it == index_.end()) continue;
     const Entry& e = entries_[it->second];
     if (e.state != State::kCommitted || e.namespace_id != ns.id || e.tenant_id != ns.tenant_id) continue;
+    if (want_lease) {
+      if (!MayPinLocked(it->second)) {
+        ++result.refused_pinned;  // answered absent: the caller recomputes it rather than pin past the bound
+        continue;
+      }
+      leased[i] = it->second;
+      PinEntryLocked(it->second);
+    }
     result.present[i] = true;
     ++hits;
-    if (want_lease) leased[i] = it->second;
   }
+  stats_.lease_refusals_pinned.fetch_add(result.refused_pinned, std::memory_order_relaxed);
   stats_.lookup_requests.fetch_add(1, std::memory_order_relaxed);
   stats_.lookup_blocks_hit.fetch_add(hits, std::memory_order_relaxed);
   stats_.lookup_blocks_miss.fetch_add(keys.size() - hits, std::memory_order_relaxed);
   if (want_lease && hits > 0) {
     result.lease_ttl = ClampLease(lease_ttl);
-    result.lease_id = NewLeaseLocked(std::move(leased), result.lease_ttl);
+    result.lease_id = NewLeaseLocked(std::move(leased), result.lease_ttl, /*counted=*/true);
   }
   return result;
 }
@@ -678,9 +691,10 @@ absl::StatusOr<BlockStore::AllocateResult> BlockStore::Allocate(const NamespaceR
   if (!depths.empty() && depths.size() != keys.size()) {
     return absl::InvalidArgumentError(absl::StrCat(depths.size(), " depths for ", keys.size(), " keys"));
   }
-  if (ns.block_bytes == 0 || ns.block_bytes > options_.slab_bytes) {
+  // A block whose slot could not fit even an empty tier is refused before anything is evicted for it.
+  if (ns.block_bytes == 0 || ns.block_bytes > allocator_->max_block_bytes()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("block is ", ns.block_bytes, " bytes; this server accepts 1..", options_.slab_bytes));
+        absl::StrCat("block is ", ns.block_bytes, " bytes; this server accepts 1..", allocator_->max_block_bytes()));
   }
   AllocateResult result;
   result.outcomes.resize(keys.size(), AllocateOutcome::kNoSpace);
@@ -888,18 +902,83 @@ void BlockStore::Abort(uint64_t reservation_id) {
   reservations_.erase(it);
 }
 
-std::vector<EntryHandle> BlockStore::PinCommittedLocked(const NamespaceRef& ns, std::span<const BlockKey> keys) {
+std::vector<EntryHandle> BlockStore::PinCommittedLocked(const NamespaceRef& ns, std::span<const BlockKey> keys,
+                                                        uint32_t* refused_pinned) {
   std::vector<EntryHandle> pinned(keys.size(), kNoEntry);
   for (size_t i = 0; i < keys.size(); ++i) {
     auto it = index_.find(keys[i]);
     if (it == index_.end()) continue;
-    Entry& e = entries_[it->second];
+    const Entry& e = entries_[it->second];
     if (e.state != State::kCommitted || e.namespace_id != ns.id || e.tenant_id != ns.tenant_id) continue;
+    if (!MayPinLocked(it->second)) {
+      ++*refused_pinned;
+      continue;
+    }
     pinned[i] = it->second;
-    ++e.lease_count;
+    PinEntryLocked(it->second);
   }
+  stats_.lease_refusals_pinned.fetch_add(*refused_pinned, std::memory_order_relaxed);
   return pinned;
 }
+
+void BlockStore::AddPinnedLocked(const Entry& e, bool add) {
+  if (add) {
+    tenant_pinned_bytes_[e.tenant_id] += e.size_bytes;
+    return;
+  }
+  if (auto t = tenant_pinned_bytes_.find(e.tenant_id); t != tenant_pinned_bytes_.end()) {
+    t->second -= std::min(t->second, e.size_bytes);
+    if (t->second == 0) tenant_pinned_bytes_.erase(t);
+  }
+}
+
+void BlockStore::PinEntryLocked(EntryHandle h) {
+  Entry& e = entries_[h];
+  if (e.lease_count++ == 0 && e.tier == Tier::kHost) AddPinnedLocked(e, true);
+}
+
+uint32_t BlockStore::UnpinEntryLocked(EntryHandle h) {
+  Entry& e = entries_[h];
+  if (--e.lease_count == 0 && e.tier == Tier::kHost) AddPinnedLocked(e, false);
+  return e.lease_count;
+}
+
+void BlockStore::SetTierLocked(EntryHandle h, Tier tier) {
+  Entry& e = entries_[h];
+  if (e.lease_count > 0 && (e.tier == Tier::kHost) != (tier == Tier::kHost)) AddPinnedLocked(e, tier == Tier::kHost);
+  e.tier = tier;
+}
+
+bool BlockStore::MayPinInHostLocked(const Entry& e) const {
+  const auto t = tenant_pinned_bytes_.find(e.tenant_id);
+  const uint64_t pinned = t == tenant_pinned_bytes_.end() ? 0 : t->second;
+  // A tenant with nothing pinned may always lease one block: a bound below a block never stops reads.
+  return pinned == 0 || pinned + e.size_bytes <= TenantPinnedBoundLocked(e.tenant_id);
+}
+
+bool BlockStore::MayPinLocked(EntryHandle h) const {
+  const Entry& e = entries_[h];
+  // Already pinned costs nothing more; a disk or HBM block pins no host slot (a disk block read for a
+  // lease moves up only within the bound, LoadFromDiskLocked).
+  if (e.lease_count > 0 || e.tier != Tier::kHost) return true;
+  return MayPinInHostLocked(e);
+}
+
+uint64_t BlockStore::TenantPinnedBoundLocked(uint64_t tenant_id) const {
+  uint64_t bound = static_cast<uint64_t>(options_.tenant_pinned_share * static_cast<double>(options_.capacity_bytes));
+  if (const auto q = options_.tenant_quota_bytes.find(tenant_id); q != options_.tenant_quota_bytes.end()) {
+    bound = std::min(bound, q->second);
+  }
+  return bound;
+}
+
+uint64_t BlockStore::TenantPinnedBytes(uint64_t tenant_id) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  const auto t = tenant_pinned_bytes_.find(tenant_id);
+  return t == tenant_pinned_bytes_.end() ? 0 : t->second;
+}
+
+uint64_t BlockStore::TenantPinnedBound(uint64_t tenant_id) const { return TenantPinnedBoundLocked(tenant_id); }
 
 BlockStore::ReadLease BlockStore::AcquireRead(const NamespaceRef& ns, std::span<const BlockKey> keys,
                                               absl::Duration lease_ttl) {
@@ -910,7 +989,7 @@ BlockStore::ReadLease BlockStore::AcquireRead(const NamespaceRef& ns, std::span<
   std::lock_guard<std::mutex> lock(mu_);
   ExpireLocked(clock_->Now());
   // Pin every present block first, so that promoting one disk block cannot evict another of this read.
-  std::vector<EntryHandle> leased = PinCommittedLocked(ns, keys);
+  std::vector<EntryHandle> leased = PinCommittedLocked(ns, keys, &result.refused_pinned);
   for (size_t i = 0; i < keys.size(); ++i) {
     const EntryHandle h = leased[i];
     if (h == kNoEntry) continue;
@@ -918,7 +997,7 @@ BlockStore::ReadLease BlockStore::AcquireRead(const NamespaceRef& ns, std::span<
       std::vector<std::byte> buffer;
       if (!LoadFromDiskLocked(h, &buffer)) {
         leased[i] = kNoEntry;
-        if (--entries_[h].lease_count == 0) EraseEntryLocked(h);  // bad or unreadable: never served
+        if (UnpinEntryLocked(h) == 0) EraseEntryLocked(h);  // bad or unreadable: never served
         continue;
       }
       if (!buffer.empty()) {
@@ -936,7 +1015,7 @@ BlockStore::ReadLease BlockStore::AcquireRead(const NamespaceRef& ns, std::span<
       owned.resize(keys.size());
       if (!ReadHbmLocked(entries_[h], &owned[i])) {
         leased[i] = kNoEntry;
-        if (--entries_[h].lease_count == 0) EraseEntryLocked(h);  // bad or unreadable: never served
+        if (UnpinEntryLocked(h) == 0) EraseEntryLocked(h);  // bad or unreadable: never served
         continue;
       }
     }
@@ -967,7 +1046,7 @@ absl::StatusOr<BlockStore::HbmLease> BlockStore::AcquireHbmRead(const NamespaceR
   std::lock_guard<std::mutex> lock(mu_);
   ExpireLocked(clock_->Now());
   // Pin first, so that bringing one block up cannot evict another of this request.
-  std::vector<EntryHandle> leased = PinCommittedLocked(ns, keys);
+  std::vector<EntryHandle> leased = PinCommittedLocked(ns, keys, &result.refused_pinned);
   for (size_t i = 0; i < keys.size(); ++i) {
     const EntryHandle h = leased[i];
     if (h == kNoEntry) continue;
@@ -976,7 +1055,7 @@ absl::StatusOr<BlockStore::HbmLease> BlockStore::AcquireHbmRead(const NamespaceR
       std::vector<std::byte> unused;
       if (!LoadFromDiskLocked(h, &unused)) {
         leased[i] = kNoEntry;
-        if (--entries_[h].lease_count == 0) EraseEntryLocked(h);  // bad or unreadable: never served
+        if (UnpinEntryLocked(h) == 0) EraseEntryLocked(h);  // bad or unreadable: never served
         continue;
       }
       placed = entries_[h].tier == Tier::kHost;  // else no room in host memory (or no promotion)
@@ -987,7 +1066,7 @@ absl::StatusOr<BlockStore::HbmLease> BlockStore::AcquireHbmRead(const NamespaceR
     void* address = placed ? hbm_memory_->DeviceAddress(hbm_allocator_->Offset(e.slot)) : nullptr;
     if (address == nullptr) {  // stays where it is, for the host data path
       leased[i] = kNoEntry;
-      --e.lease_count;
+      UnpinEntryLocked(h);
       continue;
     }
     result.blocks[i] = DeviceBlock{.device_data = address, .size_bytes = e.size_bytes};

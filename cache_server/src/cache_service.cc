@@ -1,15 +1,18 @@
 #include "cache_service.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "kvtier/common/log.h"
 #include "kvtier/wire/wire.h"
 
 namespace kvtier::server {
 
 struct CacheServiceImpl::Parsed {
   NamespaceRef ns;
+  std::string tenant;  // the namespace's tenant, for what the server logs and counts by name
   std::vector<BlockKey> keys;
   bool shadow = false;  // the namespace is in shadow mode (ServerOptions::namespaces)
 };
@@ -45,6 +48,7 @@ absl::StatusOr<CacheServiceImpl::Parsed> CacheServiceImpl::ParseFor(const Princi
   Parsed p;
   p.ns = NamespaceRef{.id = ns->Id(), .tenant_id = TenantId(ns->tenant), .block_bytes = block_bytes};
   namespaces_.Remember(p.ns.id, ns->tenant, ns->model);
+  p.tenant = ns->tenant;
   p.keys = std::move(keys).value();
   const NamespaceOptions* settings = options_.FindNamespace(ns->tenant, ns->model);
   p.shadow = settings != nullptr && settings->shadow;
@@ -60,6 +64,16 @@ grpc::Status CacheServiceImpl::AuthorizeReservation(const grpc::ServerContext& c
   return auth_.CheckTenant(who, *tenant, absl::StrCat("reservation ", id));
 }
 
+void CacheServiceImpl::NotePinnedRefusals(const Parsed& p, uint32_t refused) {
+  if (refused == 0) return;
+  metrics_.CountPinnedRefusals(p.tenant, refused);
+  KVTIER_LOG_EVERY(std::chrono::seconds(10), warn,
+                   "kvtier-server: tenant \"{}\" pins {} bytes of its {}-byte bound (leases.tenant_pinned_share); "
+                   "{} present block(s) answered absent instead of leased",
+                   p.tenant, store_.TenantPinnedBytes(p.ns.tenant_id), store_.TenantPinnedBound(p.ns.tenant_id),
+                   refused);
+}
+
 grpc::Status CacheServiceImpl::Finish(const char* method, absl::Time start, const grpc::Status& status) {
   if (status.error_code() == grpc::StatusCode::INVALID_ARGUMENT) metrics_.CountInvalid();
   metrics_.ObserveRpc(method, status.error_code(), absl::Now() - start);
@@ -73,6 +87,7 @@ grpc::Status CacheServiceImpl::Lookup(grpc::ServerContext* ctx, const v1::Lookup
   if (!p.ok()) return Finish("Lookup", start, wire::ToGrpc(p.status()));
   // A shadow namespace is never served: no lease, every key answered absent, the would-be hits counted.
   auto r = store_.Lookup(p->ns, p->keys, p->shadow ? absl::ZeroDuration() : absl::Milliseconds(req->lease_ms()));
+  NotePinnedRefusals(*p, r.refused_pinned);
   const uint64_t hits = static_cast<uint64_t>(std::count(r.present.begin(), r.present.end(), true));
   if (p->shadow) metrics_.CountShadowLookup(r.present.size(), hits);
   metrics_.groups().Record(req->group_key(), r.present.size(), hits, p->shadow);
@@ -205,6 +220,7 @@ grpc::Status CacheServiceImpl::Read(grpc::ServerContext* ctx, const v1::ReadRequ
                   sent ? grpc::Status::OK : grpc::Status(grpc::StatusCode::CANCELLED, "client went away"));
   }
   BlockStore::ReadLease lease = store_.AcquireRead(p->ns, p->keys, absl::Milliseconds(req->lease_ms()));
+  NotePinnedRefusals(*p, lease.refused_pinned);
   v1::ReadResponse head;
   head.set_lease_id(lease.lease_id);
   for (const ReadBlockInfo& b : lease.blocks) {
@@ -269,6 +285,7 @@ void CacheServiceImpl::LeaseParsed(const Parsed& p, uint32_t lease_ms, v1::ReadR
     return;
   }
   BlockStore::ReadLease lease = store_.AcquireRead(p.ns, p.keys, absl::Milliseconds(lease_ms));
+  NotePinnedRefusals(p, lease.refused_pinned);
   resp->set_lease_id(lease.lease_id);
   for (const ReadBlockInfo& b : lease.blocks) {
     v1::BlockStatus* s = resp->add_blocks();

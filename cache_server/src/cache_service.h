@@ -55,6 +55,9 @@ class CacheServiceImpl final : public v1::CacheService::Service {
   // The caller may act on reservation `id` (an unknown one passes: the store refuses it).
   grpc::Status AuthorizeReservation(const grpc::ServerContext& ctx, uint64_t id) const;
   grpc::Status Finish(const char* method, absl::Time start, const grpc::Status& status);
+  // Counts (by tenant) and logs, rate limited, the present blocks a lease refused because their tenant
+  // is at its pinned bound.
+  void NotePinnedRefusals(const Parsed& p, uint32_t refused);
 
   const ServerOptions& options_;
   BlockStore& store_;

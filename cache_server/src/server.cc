@@ -157,8 +157,17 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   if (absl::Status s = options.Validate(); !s.ok()) return s;
   auto impl = std::make_unique<Impl>();
   impl->options = options;
-  // No block larger than the host tier can ever be stored: advertise and enforce what fits.
-  impl->options.max_block_bytes = std::min(options.max_block_bytes, options.host_cache_bytes);
+  // No block larger than the host tier's longest slot can ever be stored: advertise and enforce what fits
+  // (Validate already refused a max_block_bytes that no full-length slab can hold).
+  if (const uint64_t largest = SlabAllocator::LargestBlockBytes(
+          {.capacity_bytes = options.host_cache_bytes, .slab_bytes = options.slab_bytes});
+      options.max_block_bytes > largest) {
+    KVTIER_LOG(warn,
+               "kvtier-server: warning: limits.max_block_bytes {} lowered to {}: host_tier.capacity_bytes {} is "
+               "below host_tier.slab_bytes {}, so the tier is one slab that long, and slots round up to {} bytes",
+               options.max_block_bytes, largest, options.host_cache_bytes, options.slab_bytes, kSlotAlignmentBytes);
+    impl->options.max_block_bytes = largest;
+  }
   // With few slabs, the first block of a new size class takes a whole slab, evicting up to that slab's
   // share of the tier (docs/architecture.md "Size classes").
   if (const uint64_t slabs = (options.host_cache_bytes + options.slab_bytes - 1) / options.slab_bytes;
@@ -193,6 +202,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
                                    .default_lease_ttl = options.default_lease_ttl,
                                    .max_lease_ttl = options.max_lease_ttl,
                                    .reservation_ttl = options.reservation_ttl,
+                                   .tenant_pinned_share = options.tenant_pinned_share,
                                    .disk_path = options.disk_path,
                                    .disk_capacity_bytes = options.disk_capacity_bytes,
                                    .promote_on_hit = options.promote_on_hit,

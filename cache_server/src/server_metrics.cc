@@ -181,6 +181,15 @@ class StoreCollectable final : public prometheus::Collectable {
     Add(leases, v(s.active_leases));
     out.push_back(std::move(leases));
 
+    auto refusals = Family("kvtier_lease_refusals_total",
+                           "Present blocks answered absent because leasing them would take their tenant past its "
+                           "pinned-bytes bound, by tenant.",
+                           MetricType::Counter);
+    for (const auto& [tenant, blocks] : metrics_.PinnedRefusalsSnapshot()) {
+      Add(refusals, static_cast<double>(blocks), {{"tenant", tenant}, {"reason", "pinned_bound"}});
+    }
+    out.push_back(std::move(refusals));
+
     auto reservations =
         Family("kvtier_active_reservations", "Uncommitted put reservations held now.", MetricType::Gauge);
     Add(reservations, v(s.active_reservations));
@@ -227,6 +236,22 @@ ServerMetrics::ServerMetrics(const BlockStore& store, std::string node_id)
       .Add({{"version", KVTIER_VERSION}, {"node_id", std::move(node_id)}})
       .Set(1);
   store_collectable_ = std::make_shared<StoreCollectable>(store, *this);
+}
+
+void ServerMetrics::CountPinnedRefusals(const std::string& tenant, uint64_t blocks) {
+  std::lock_guard<std::mutex> lock(refusals_mu_);
+  pinned_refusals_[tenant] += blocks;
+}
+
+uint64_t ServerMetrics::pinned_refusals(const std::string& tenant) const {
+  std::lock_guard<std::mutex> lock(refusals_mu_);
+  const auto it = pinned_refusals_.find(tenant);
+  return it == pinned_refusals_.end() ? 0 : it->second;
+}
+
+std::vector<std::pair<std::string, uint64_t>> ServerMetrics::PinnedRefusalsSnapshot() const {
+  std::lock_guard<std::mutex> lock(refusals_mu_);
+  return {pinned_refusals_.begin(), pinned_refusals_.end()};
 }
 
 void ServerMetrics::ObserveRpc(const char* method, int code, absl::Duration elapsed) {

@@ -6,13 +6,17 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include <prometheus/collectable.h>
 #include <prometheus/family.h>
 #include <prometheus/histogram.h>
 #include <prometheus/registry.h>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/time/time.h"
 #include "group_stats.h"
 #include "kvtier/server/block_store.h"
@@ -65,6 +69,13 @@ class ServerMetrics {
   uint64_t shadow_hit_blocks() const { return shadow_hit_blocks_.load(std::memory_order_relaxed); }
   uint64_t shadow_read_blocks() const { return shadow_read_blocks_.load(std::memory_order_relaxed); }
 
+  // Present blocks answered absent to `tenant` because leasing them would take it past its pinned bound
+  // (BlockStoreOptions::tenant_pinned_share): kvtier_lease_refusals_total{tenant, reason="pinned_bound"}.
+  void CountPinnedRefusals(const std::string& tenant, uint64_t blocks);
+  // The count so far for `tenant` (0 for a tenant never refused).
+  uint64_t pinned_refusals(const std::string& tenant) const;
+  std::vector<std::pair<std::string, uint64_t>> PinnedRefusalsSnapshot() const;  // (tenant, blocks)
+
   // Lookup statistics per similarity group (AdminService.ListGroups). Thread-safe.
   GroupStatsTable& groups() { return groups_; }
   const GroupStatsTable& groups() const { return groups_; }
@@ -86,6 +97,8 @@ class ServerMetrics {
   std::atomic<uint64_t> shadow_hit_blocks_{0};
   std::atomic<uint64_t> shadow_read_blocks_{0};
   GroupStatsTable groups_;
+  mutable std::mutex refusals_mu_;
+  absl::flat_hash_map<std::string, uint64_t> pinned_refusals_;  // guarded by refusals_mu_; tenant -> blocks
 };
 
 }  // namespace kvtier::server

@@ -281,6 +281,7 @@ const std::map<std::string, std::map<std::string, Setter>>& Schema() {
        {{"default_ttl", Duration(&ServerOptions::default_lease_ttl)},
         {"max_ttl", Duration(&ServerOptions::max_lease_ttl)},
         {"reservation_ttl", Duration(&ServerOptions::reservation_ttl)},
+        {"tenant_pinned_share", Double(&ServerOptions::tenant_pinned_share)},
         {"expiry_interval", Duration(&ServerOptions::expiry_interval)}}},
   };
   return *schema;
@@ -335,6 +336,10 @@ absl::Status ServerOptions::Validate() const {
     return Bad("host_tier.capacity_bytes", absl::StrCat(host_cache_bytes, " is above the 128 TiB a process can map"));
   }
   if (slab_bytes == 0) return Bad("host_tier.slab_bytes", "must be > 0");
+  if (std::min(host_cache_bytes, slab_bytes) < kSlotAlignmentBytes) {
+    return Bad(host_cache_bytes < slab_bytes ? "host_tier.capacity_bytes" : "host_tier.slab_bytes",
+               absl::StrCat("must hold at least one ", kSlotAlignmentBytes, "-byte slot"));
+  }
   if (const uint64_t slabs = host_cache_bytes / slab_bytes + (host_cache_bytes % slab_bytes != 0 ? 1 : 0);
       slabs > SlabAllocator::kMaxSlabs) {
     return Bad("host_tier.slab_bytes", absl::StrCat(slab_bytes, " cuts host_tier.capacity_bytes (", host_cache_bytes,
@@ -352,6 +357,18 @@ absl::Status ServerOptions::Validate() const {
   if (max_block_bytes == 0) return Bad("limits.max_block_bytes", "must be > 0");
   if (max_block_bytes > slab_bytes) {
     return Bad("limits.max_block_bytes", absl::StrCat("must be <= host_tier.slab_bytes (", slab_bytes, ")"));
+  }
+  // A block is stored in a slot of its size rounded up to the slot alignment; a largest block whose slot
+  // does not fit in a slab could never be stored, and every put of one would evict in vain.
+  if (const uint64_t largest =
+          SlabAllocator::LargestBlockBytes({.capacity_bytes = slab_bytes, .slab_bytes = slab_bytes});
+      max_block_bytes > largest) {
+    const uint64_t slot = (max_block_bytes + kSlotAlignmentBytes - 1) / kSlotAlignmentBytes * kSlotAlignmentBytes;
+    return Bad("limits.max_block_bytes",
+               absl::StrCat(max_block_bytes, " needs a ", slot, "-byte slot (slots round up to ", kSlotAlignmentBytes,
+                            " bytes), which a host_tier.slab_bytes of ", slab_bytes,
+                            " cannot hold; raise host_tier.slab_bytes to at least ", slot,
+                            " or lower limits.max_block_bytes to at most ", largest));
   }
   if (max_blocks_per_request == 0) return Bad("limits.max_blocks_per_request", "must be > 0");
   if (max_message_bytes < (4ULL << 20) || max_message_bytes > (1ULL << 31) - 1) {
@@ -378,6 +395,10 @@ absl::Status ServerOptions::Validate() const {
   if (!finite_positive(max_lease_ttl)) return Bad("leases.max_ttl", "must be > 0 and finite");
   if (max_lease_ttl < default_lease_ttl) return Bad("leases.max_ttl", "must be >= leases.default_ttl");
   if (!finite_positive(reservation_ttl)) return Bad("leases.reservation_ttl", "must be > 0 and finite");
+  if (!(tenant_pinned_share > 0 && tenant_pinned_share <= 1)) {
+    return Bad("leases.tenant_pinned_share",
+               "must be in (0, 1] (the share of the host tier one tenant's leases may pin)");
+  }
   if (!finite_positive(expiry_interval)) return Bad("leases.expiry_interval", "must be > 0 and finite");
   if (defrag_interval < absl::ZeroDuration()) return Bad("host_tier.defrag_interval", "must be >= 0 (0 = off)");
   if (!health_address.empty() && !ValidHostPort(health_address)) {

@@ -51,6 +51,7 @@ absl::StatusOr<std::unique_ptr<SlabAllocator>> SlabAllocator::Create(const SlabA
   alloc->capacity_bytes_ = options.capacity_bytes;
   alloc->slab_bytes_ = options.slab_bytes;
   alloc->alignment_ = a;
+  alloc->max_block_bytes_ = LargestBlockBytes(options);
   alloc->slabs_.resize(num_slabs);
   for (uint64_t i = 0; i < num_slabs; ++i) {
     Slab& s = alloc->slabs_[i];
@@ -66,12 +67,18 @@ SlabAllocator::~SlabAllocator() {
   if (base_ != nullptr) munmap(base_, capacity_bytes_);
 }
 
+uint64_t SlabAllocator::LargestBlockBytes(const SlabAllocatorOptions& options) {
+  const uint64_t a = options.slot_alignment_bytes;
+  if (a == 0 || (a & (a - 1)) != 0) return 0;
+  return std::min(options.slab_bytes, options.capacity_bytes) & ~(a - 1);
+}
+
 uint64_t SlabAllocator::SlotBytes(uint64_t block_bytes) const {
   return (block_bytes + alignment_ - 1) & ~(alignment_ - 1);
 }
 
 std::optional<SlotRef> SlabAllocator::Allocate(uint64_t block_bytes) {
-  if (block_bytes == 0 || block_bytes > slab_bytes_) return std::nullopt;
+  if (block_bytes == 0 || block_bytes > max_block_bytes_) return std::nullopt;
   const uint64_t slot_bytes = SlotBytes(block_bytes);
   SizeClass& cls = classes_[slot_bytes];
   while (!cls.partial.empty()) {

@@ -63,6 +63,7 @@ class AbusiveClientTest : public ::testing::Test {
     o.max_lease_ttl = absl::Milliseconds(600);
     o.reservation_ttl = absl::Milliseconds(600);
     o.expiry_interval = absl::Milliseconds(50);
+    o.tenant_pinned_share = 1;  // one tenant, whose leases may pin the whole tier: these tests are about expiry
     auto s = server::Server::Start(o);
     ASSERT_OK(s);
     server_ = std::move(s).value();

@@ -426,7 +426,7 @@ class UcxProcessTest : public ::testing::Test {
  protected:
   static absl::StatusOr<std::unique_ptr<testing::ServerProcess>> StartNode(const std::string& node_id,
                                                                            int grpc_port = 0) {
-    return testing::ServerProcess::Start(node_id, {"--ucx_listen_address=127.0.0.1:0", "--host_cache_bytes=536870912",
+    return testing::ServerProcess::Start(node_id, {"--ucx_listen_address=127.0.0.1:0", "--host_cache_bytes=1073741824",
                                                    absl::StrCat("--listen_address=127.0.0.1:", grpc_port)});
   }
 };

@@ -1,5 +1,6 @@
 #include "kvtier/server/block_store.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <latch>
@@ -435,6 +436,91 @@ TEST_F(BlockStoreTest, DefragmentLeavesSlabsWithLeasedBlocksAlone) {
   store_->Release(std::span<const uint64_t>(&lease.lease_id, 1));
   EXPECT_EQ(store_->Defragment().second, 1u);
   EXPECT_EQ(ReadBack(30, ns_), Payload(30));
+}
+
+TEST_F(BlockStoreTest, ABlockThatCouldNotFitAnEmptyTierEvictsNothing) {
+  // Slabs of 1000001 bytes: a block of exactly that size needs a 1000064-byte slot, which none holds.
+  auto s = BlockStore::Create({.capacity_bytes = 4 * 1000001ULL, .slab_bytes = 1000001, .clock = &clock_});
+  ASSERT_OK(s);
+  store_ = std::move(s).value();
+  EXPECT_EQ(store_->max_block_bytes(), 1000000u);
+  for (uint32_t n = 0; n < 200; ++n) ASSERT_EQ(Put(n, ns_, n), AllocateOutcome::kAllocated);
+  NamespaceRef huge = ns_;
+  huge.id = 12;
+  huge.block_bytes = 1000001;
+  const BlockKey k = Key(1000);
+  auto a = store_->Allocate(huge, std::span<const BlockKey>(&k, 1));
+  EXPECT_EQ(a.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(a.status().message().find("1..1000000"), std::string::npos) << a.status().message();
+  EXPECT_EQ(store_->stats().evictions.load(), 0u);
+  for (uint32_t n = 0; n < 200; ++n) EXPECT_TRUE(Present(n, ns_)) << n;
+  // The largest block that fits is stored (evicting what it must).
+  huge.block_bytes = 1000000;
+  EXPECT_EQ(Put(1000, huge, 5), AllocateOutcome::kAllocated);
+}
+
+// A tenant's leases pin at most tenant_pinned_share (0.5 by default) of the tier; the blocks past it are
+// answered absent, so another tenant's puts still find blocks to evict.
+TEST_F(BlockStoreTest, OneTenantsLeasesCannotPinTheTierAgainstAnother) {
+  MakeStore(16);
+  std::vector<BlockKey> keys;
+  for (uint32_t n = 0; n < 16; ++n) {
+    ASSERT_EQ(Put(n, ns_, n), AllocateOutcome::kAllocated);
+    keys.push_back(Key(n));
+  }
+  auto read = store_->AcquireRead(ns_, keys, absl::Seconds(60));
+  EXPECT_EQ(read.refused_pinned, 8u);
+  for (uint32_t n = 0; n < 16; ++n) EXPECT_EQ(read.blocks[n].present, n < 8) << n;
+  EXPECT_EQ(store_->TenantPinnedBytes(ns_.tenant_id), 8 * kBlock);
+  EXPECT_EQ(store_->TenantPinnedBound(ns_.tenant_id), 8 * kBlock);
+  // Leasing again what is already pinned costs nothing; the rest stays refused, on Lookup too.
+  auto again = store_->Lookup(ns_, keys, absl::Seconds(60));
+  EXPECT_EQ(again.refused_pinned, 8u);
+  for (uint32_t n = 0; n < 16; ++n) EXPECT_EQ(again.present[n], n < 8) << n;
+  EXPECT_EQ(store_->stats().lease_refusals_pinned.load(), 16u);
+  // Without a lease, Lookup answers what is present.
+  auto plain = store_->Lookup(ns_, keys, absl::ZeroDuration());
+  EXPECT_EQ(plain.refused_pinned, 0u);
+  EXPECT_EQ(std::count(plain.present.begin(), plain.present.end(), true), 16);
+
+  NamespaceRef other = ns_;
+  other.id = 12;
+  other.tenant_id = 2;
+  for (uint32_t n = 100; n < 140; ++n) EXPECT_EQ(Put(n, other, n), AllocateOutcome::kAllocated) << n;
+  for (uint32_t n = 0; n < 8; ++n) EXPECT_EQ(ReadBack(n, ns_), Payload(n)) << "pinned block " << n;
+  EXPECT_EQ(store_->stats().rejections_no_space.load(), 0u);
+
+  // Released leases unpin: the tenant may lease up to its bound again.
+  store_->Release(std::vector<uint64_t>{read.lease_id, again.lease_id});
+  EXPECT_EQ(store_->TenantPinnedBytes(ns_.tenant_id), 0u);
+}
+
+TEST_F(BlockStoreTest, AQuotaBelowTheShareBoundsWhatItsTenantPins) {
+  auto s = BlockStore::Create({.capacity_bytes = 16 * kBlock,
+                               .slab_bytes = 16 * kBlock,
+                               .clock = &clock_,
+                               .tenant_quota_bytes = {{ns_.tenant_id, 6 * kBlock}}});
+  ASSERT_OK(s);
+  store_ = std::move(s).value();
+  std::vector<BlockKey> keys;
+  for (uint32_t n = 0; n < 6; ++n) {
+    ASSERT_EQ(Put(n, ns_, n), AllocateOutcome::kAllocated);
+    keys.push_back(Key(n));
+  }
+  EXPECT_EQ(store_->TenantPinnedBound(ns_.tenant_id), 6 * kBlock);  // min(0.5 x 16, 6) blocks
+  auto read = store_->AcquireRead(ns_, keys, absl::Seconds(60));
+  EXPECT_EQ(read.refused_pinned, 0u);
+  EXPECT_EQ(store_->TenantPinnedBytes(ns_.tenant_id), 6 * kBlock);
+  store_->Release(std::span<const uint64_t>(&read.lease_id, 1));
+
+  auto half = BlockStore::Create(
+      {.capacity_bytes = 16 * kBlock, .slab_bytes = 16 * kBlock, .tenant_pinned_share = 0.25, .clock = &clock_});
+  ASSERT_OK(half);
+  store_ = std::move(half).value();
+  for (uint32_t n = 0; n < 6; ++n) ASSERT_EQ(Put(n, ns_, n), AllocateOutcome::kAllocated);
+  auto quarter = store_->Lookup(ns_, keys, absl::Seconds(60));
+  EXPECT_EQ(quarter.refused_pinned, 2u);  // 4 of 16 blocks may be pinned
+  EXPECT_FALSE(BlockStore::Create({.capacity_bytes = 16 * kBlock, .tenant_pinned_share = 0}).ok());
 }
 
 }  // namespace

@@ -86,6 +86,38 @@ TEST(ServerConfigTest, SizesThatCannotWorkAreRefused) {
   EXPECT_OK(o->Validate());  // 2^20 slabs: the most allowed
 }
 
+TEST(ServerConfigTest, ABlockSizeWhoseSlotCannotFitASlabIsRefusedWithTheFix) {
+  // Slots round up to 64 bytes: a 1000001-byte block needs 1000064, more than a 1000001-byte slab holds.
+  auto o =
+      ParseServerConfig("server: {node_id: a}\nhost_tier: {slab_bytes: 1000001}\nlimits: {max_block_bytes: 1000001}\n");
+  ASSERT_OK(o);
+  const absl::Status s = o->Validate();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  for (const char* part : {"limits.max_block_bytes", "1000064", "at most 1000000", "at least 1000064"}) {
+    EXPECT_NE(s.message().find(part), std::string::npos) << s.message() << " should say " << part;
+  }
+  // The largest block that does fit, and a slab rounded to the alignment, are accepted.
+  for (const char* yaml :
+       {"server: {node_id: a}\nhost_tier: {slab_bytes: 1000001}\nlimits: {max_block_bytes: 1000000}\n",
+        "server: {node_id: a}\nhost_tier: {slab_bytes: 1000064}\nlimits: {max_block_bytes: 1000001}\n"}) {
+    auto ok = ParseServerConfig(yaml);
+    ASSERT_OK(ok);
+    EXPECT_OK(ok->Validate()) << yaml;
+  }
+  ExpectErrorNames("server: {node_id: a}\nhost_tier: {capacity_bytes: 32}\n", "host_tier.capacity_bytes");
+}
+
+TEST(ServerConfigTest, PinnedShareOutsideZeroToOneIsRefused) {
+  for (const char* v : {"0", "-0.5", "1.5", "nan"}) {
+    ExpectErrorNames(std::string("server: {node_id: a}\nleases: {tenant_pinned_share: ") + v + "}\n",
+                     "leases.tenant_pinned_share");
+  }
+  auto o = ParseServerConfig("server: {node_id: a}\nleases: {tenant_pinned_share: 0.25}\n");
+  ASSERT_OK(o);
+  EXPECT_OK(o->Validate());
+  EXPECT_DOUBLE_EQ(o->tenant_pinned_share, 0.25);
+}
+
 TEST(ServerConfigTest, InfiniteLeasesAreRefused) {
   ExpectErrorNames("server: {node_id: a}\nleases: {default_ttl: inf, max_ttl: inf}\n", "leases.default_ttl");
   ExpectErrorNames("server: {node_id: a}\nleases: {max_ttl: inf}\n", "leases.max_ttl");

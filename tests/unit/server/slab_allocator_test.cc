@@ -29,6 +29,20 @@ TEST(SlabAllocatorTest, HandsOutExactlyCapacityOverSlotBytesSlots) {
   }
 }
 
+TEST(SlabAllocatorTest, ABlockWhoseSlotExceedsEverySlabIsRefusedAtOnce) {
+  // 1000001-byte slabs: a 1000001-byte block rounds up to a 1000064-byte slot, which no slab holds.
+  auto a = SlabAllocator::Create({.capacity_bytes = 4 * 1000001ULL, .slab_bytes = 1000001});
+  ASSERT_OK(a);
+  EXPECT_EQ((*a)->max_block_bytes(), 1000000u);
+  EXPECT_EQ(SlabAllocator::LargestBlockBytes({.capacity_bytes = 4 * 1000001ULL, .slab_bytes = 1000001}), 1000000u);
+  EXPECT_FALSE((*a)->Allocate(1000001).has_value());
+  EXPECT_EQ((*a)->free_slabs(), 4u);  // nothing taken for it
+  EXPECT_TRUE((*a)->Allocate(1000000).has_value());
+  // A region shorter than one slab: its one slab is the region.
+  EXPECT_EQ(SlabAllocator::LargestBlockBytes({.capacity_bytes = 100000, .slab_bytes = 1 << 20}), 99968u);
+  EXPECT_EQ(SlabAllocator::LargestBlockBytes({.capacity_bytes = 1 << 20, .slab_bytes = 32}), 0u);
+}
+
 TEST(SlabAllocatorTest, FreedSlotIsReused) {
   auto a = SlabAllocator::Create({.capacity_bytes = 1ULL << 20, .slab_bytes = 1ULL << 20});
   ASSERT_OK(a);

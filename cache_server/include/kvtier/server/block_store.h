@@ -30,14 +30,26 @@ class DiskTier;  // src/storage/disk_tier.h
 
 struct BlockStoreOptions {
   uint64_t capacity_bytes = 1ULL << 30;  // Default: 1 GiB of host memory for blocks.
-  uint64_t slab_bytes = 64ULL << 20;     // Default: 64 MiB; also the largest block accepted.
-  std::string eviction_policy = "lru";   // See NewEvictionPolicy() and EvictionPolicyNames().
-  double frequency_weight = 0.3;         // "weighted" policy only (EvictionPolicyOptions)
+  // Default: 64 MiB. The largest block accepted is this (or capacity_bytes when smaller) rounded down to
+  // the 64-byte slot alignment: SlabAllocator::LargestBlockBytes, BlockStore::max_block_bytes().
+  uint64_t slab_bytes = 64ULL << 20;
+  std::string eviction_policy = "lru";  // See NewEvictionPolicy() and EvictionPolicyNames().
+  double frequency_weight = 0.3;        // "weighted" policy only (EvictionPolicyOptions)
   double recency_weight = 0.7;
   absl::Duration default_lease_ttl = absl::Seconds(10);  // Read leases when the caller names none.
   absl::Duration max_lease_ttl = absl::Seconds(60);      // Longer requests are capped to this.
   absl::Duration reservation_ttl = absl::Seconds(30);    // Uncommitted slots return after this.
-  Clock* clock = nullptr;                                // Default (null): Clock::Real(). Not owned.
+  // The most of the host tier one tenant's leases may pin: bytes (logical sizes) of that tenant's host
+  // blocks held by at least one lease, as a share of capacity_bytes; a tenant with a quota may pin at
+  // most the lesser of that and its quota. A lease on a host block past the bound is refused: the block
+  // is answered absent (and counted in stats().lease_refusals_pinned and the result's refused_pinned),
+  // so one tenant's readers cannot pin the tier against every other tenant's puts. A leased disk block
+  // pins no host slot and moves up to host memory only within the bound (else it is read into the
+  // lease's own buffer); HBM blocks are not counted (puts land in host memory). A
+  // tenant with nothing pinned may always lease one block, so that a bound below a block never stops its
+  // reads. In (0, 1]; default 0.5.
+  double tenant_pinned_share = 0.5;
+  Clock* clock = nullptr;  // Default (null): Clock::Real(). Not owned.
   // Disk tier (RocksDB). Empty path: no disk tier, host evictions drop blocks.
   std::string disk_path;
   uint64_t disk_capacity_bytes = 0;  // budget on logical block bytes; > 0 when disk_path is set
@@ -94,6 +106,8 @@ struct BlockStoreStats {
   std::atomic<uint64_t> rejections_no_space{0};
   std::atomic<uint64_t> rejections_quota{0};  // keys refused because their tenant is at its quota
   std::atomic<uint64_t> quota_evictions{0};   // blocks a tenant at its quota dropped to make room
+  // Present blocks answered absent because a lease on them would take their tenant past its pinned bound.
+  std::atomic<uint64_t> lease_refusals_pinned{0};
   std::atomic<uint64_t> checksum_failures{0};
   std::atomic<uint64_t> expired_reservations{0};
   std::atomic<uint64_t> expired_leases{0};
@@ -149,17 +163,21 @@ class BlockStore {
   // For each key: committed in `ns` (same namespace id and tenant)? Takes no lease unless lease_ttl > 0
   // (capped at max_lease_ttl), in which case the present blocks are leased under the returned id (0 when
   // none were present). Does not count as an access.
+  // A present block that would take its tenant past its pinned-bytes bound (tenant_pinned_share) is
+  // answered absent when lease_ttl > 0, and counted in refused_pinned.
   struct LookupResult {
     std::vector<bool> present;
     uint64_t lease_id = 0;
     absl::Duration lease_ttl;
+    uint32_t refused_pinned = 0;  // present blocks answered absent: their tenant is at its pinned bound
   };
   LookupResult Lookup(const NamespaceRef& ns, std::span<const BlockKey> keys, absl::Duration lease_ttl);
 
   // Phase 1 of a put: per key, reserve a slot of ns.block_bytes (evicting unleased blocks as needed),
   // or report it already present (an access), in progress (another reservation holds it) or no space.
   // `depths` is empty or gives each key's index in its prompt's chain (for prefix-aware eviction).
-  // Errors: InvalidArgument (block_bytes is 0 or above slab_bytes, depths of the wrong length).
+  // Errors: InvalidArgument (block_bytes is 0 or above max_block_bytes(), so that it could not fit even an
+  // empty tier: nothing is evicted for it; depths of the wrong length).
   struct AllocateResult {
     uint64_t reservation_id = 0;  // 0 when no key was allocated
     std::vector<AllocateOutcome> outcomes;
@@ -185,9 +203,12 @@ class BlockStore {
 
   // Leases the present keys for lease_ttl (0: default_lease_ttl; capped at max_lease_ttl) and counts an
   // access to each. Returns the lease id (0 when none was present) and per-key info.
+  // A present block that would take its tenant past its pinned-bytes bound (tenant_pinned_share) is
+  // answered absent and counted in refused_pinned.
   struct ReadLease {
     uint64_t lease_id = 0;
     std::vector<ReadBlockInfo> blocks;
+    uint32_t refused_pinned = 0;  // present blocks answered absent: their tenant is at its pinned bound
   };
   ReadLease AcquireRead(const NamespaceRef& ns, std::span<const BlockKey> keys, absl::Duration lease_ttl);
 
@@ -208,6 +229,10 @@ class BlockStore {
   // Bytes of tenant `tenant_id`'s blocks now: reserved and committed, every tier, logical sizes (what
   // tenant_quota_bytes limits). 0 for an unknown tenant.
   uint64_t TenantBytes(uint64_t tenant_id) const;
+  // Bytes (logical sizes) of tenant `tenant_id`'s host-memory blocks that at least one lease holds now,
+  // and the most its leases may pin (tenant_pinned_share of capacity_bytes, or its quota when lower).
+  uint64_t TenantPinnedBytes(uint64_t tenant_id) const;
+  uint64_t TenantPinnedBound(uint64_t tenant_id) const;
 
   // --- Zero-copy transfers (the UCX data plane, cache_server/src/transport/) ---
   // A transport moves a block's bytes straight between its slot and the network instead of copying them
@@ -262,6 +287,7 @@ class BlockStore {
   struct HbmLease {
     uint64_t lease_id = 0;                           // 0 when no block was placed in HBM
     std::vector<std::optional<DeviceBlock>> blocks;  // per key; nullopt: absent, or not placeable in HBM
+    uint32_t refused_pinned = 0;  // present blocks answered absent: their tenant is at its pinned bound
   };
   // Leases the present blocks of `keys` that are, or can be brought, in the HBM tier (host and disk
   // blocks move up, as on a read hit, whatever hbm_promote_on_hit says), and counts an access to each.
@@ -342,6 +368,9 @@ class BlockStore {
   const BlockStoreStats& stats() const { return stats_; }
   uint64_t capacity_bytes() const;
   uint64_t used_bytes() const;
+  // The largest block Allocate accepts (slab_bytes, or capacity_bytes when smaller, rounded down to the
+  // slot alignment).
+  uint64_t max_block_bytes() const { return allocator_->max_block_bytes(); }
   bool has_disk_tier() const { return disk_ != nullptr; }
   bool has_hbm_tier() const { return hbm_memory_ != nullptr; }
   uint64_t hbm_capacity_bytes() const { return hbm_memory_ != nullptr ? hbm_allocator_->capacity_bytes() : 0; }
@@ -412,8 +441,9 @@ class BlockStore {
     return e.tier == Tier::kHost ? *policy_ : e.tier == Tier::kDisk ? *disk_policy_ : *hbm_policy_;
   }
   // Per key: the handle of its committed entry in `ns` (same namespace and tenant) with its lease count
-  // raised, or kNoEntry.
-  std::vector<EntryHandle> PinCommittedLocked(const NamespaceRef& ns, std::span<const BlockKey> keys);
+  // raised, or kNoEntry (absent, or refused: past its tenant's pinned bound, counted in *refused_pinned).
+  std::vector<EntryHandle> PinCommittedLocked(const NamespaceRef& ns, std::span<const BlockKey> keys,
+                                              uint32_t* refused_pinned);
   // Moves a committed host block up to the HBM tier, making room there. Callers move only a block that
   // no other lease holds (its reader may be reading the host slot). False (the block stays in host
   // memory) when nothing in HBM can be evicted or the copy fails.
@@ -435,6 +465,18 @@ class BlockStore {
   absl::Duration ClampLease(absl::Duration ttl) const;
   // `counted`: the entries' lease counts were already raised by the caller.
   uint64_t NewLeaseLocked(std::vector<EntryHandle> entries, absl::Duration ttl, bool counted = false);
+  // Lease counts and tiers go through these, which keep tenant_pinned_bytes_ (the bytes of a tenant's
+  // leased blocks in host memory): the first lease on a host block counts it, the last one to end
+  // uncounts it, and a leased block that enters or leaves host memory is counted or uncounted.
+  void PinEntryLocked(EntryHandle h);
+  uint32_t UnpinEntryLocked(EntryHandle h);  // returns the entry's lease count after
+  void SetTierLocked(EntryHandle h, Tier tier);
+  void AddPinnedLocked(const Entry& e, bool add);
+  // Whether one more lease on entry `h` stays within its tenant's pinned bound (a pinned block, or one
+  // outside host memory, costs nothing more), and whether `e` may be pinned in host memory.
+  bool MayPinLocked(EntryHandle h) const;
+  bool MayPinInHostLocked(const Entry& e) const;
+  uint64_t TenantPinnedBoundLocked(uint64_t tenant_id) const;
   BlockAccess AccessOf(const Entry& e) const;
   BlockInfo InfoOf(const Entry& e) const;
   static bool Matches(const Entry& e, const BlockFilter& f);
@@ -464,9 +506,10 @@ class BlockStore {
   std::priority_queue<Deadline, std::vector<Deadline>, std::greater<>> lease_deadlines_;        // mu_
   std::priority_queue<Deadline, std::vector<Deadline>, std::greater<>> reservation_deadlines_;  // mu_
   uint64_t next_id_ = 1;                                                                        // guarded by mu_
-  absl::flat_hash_map<uint64_t, uint64_t> tenant_bytes_;  // guarded by mu_; tenant id -> TenantBytes()
-  BlockEventSink* sink_ = nullptr;                        // guarded by mu_; not owned
-  bool sink_muted_ = false;                               // guarded by mu_; Evict of everything
+  absl::flat_hash_map<uint64_t, uint64_t> tenant_bytes_;         // guarded by mu_; tenant id -> TenantBytes()
+  absl::flat_hash_map<uint64_t, uint64_t> tenant_pinned_bytes_;  // guarded by mu_; -> TenantPinnedBytes()
+  BlockEventSink* sink_ = nullptr;                               // guarded by mu_; not owned
+  bool sink_muted_ = false;                                      // guarded by mu_; Evict of everything
   std::atomic<bool> draining_{false};
 };
 

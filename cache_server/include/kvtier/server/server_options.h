@@ -60,6 +60,9 @@ struct ServerOptions {
   absl::Duration default_lease_ttl = absl::Seconds(10);
   absl::Duration max_lease_ttl = absl::Seconds(60);
   absl::Duration reservation_ttl = absl::Seconds(30);
+  // The most of the host tier one tenant's leases may pin (BlockStoreOptions::tenant_pinned_share);
+  // config `leases.tenant_pinned_share`, in (0, 1].
+  double tenant_pinned_share = 0.5;
   absl::Duration expiry_interval = absl::Milliseconds(200);  // how often leases and reservations expire
   std::string port_file;  // if set: "<grpc_port> <metrics_port> <ucx_port>\n" once bound
   // UCX bulk data plane (docs/architecture.md). Empty: no UCX listener; clients then move bytes over gRPC.

@@ -14,11 +14,14 @@
 
 namespace kvtier::server {
 
+// The default slot alignment: a cache line. Every tier's allocator uses it.
+inline constexpr uint64_t kSlotAlignmentBytes = 64;
+
 struct SlabAllocatorOptions {
   uint64_t capacity_bytes = 1ULL << 30;  // Default: 1 GiB. Total bytes of the region; > 0.
   uint64_t slab_bytes = 64ULL << 20;     // Default: 64 MiB. Unit handed to a size class; > 0.
   // Slot sizes are block sizes rounded up to this many bytes (a power of two). Default: 64 (a cache line).
-  uint64_t slot_alignment_bytes = 64;
+  uint64_t slot_alignment_bytes = kSlotAlignmentBytes;
   // True: the allocator maps its own host region and Data() points into it. False: it only hands out
   // offsets (Offset()) into a region someone else owns, e.g. device memory for the HBM tier; Data()
   // and Region() must not be used then.
@@ -50,10 +53,18 @@ class SlabAllocator {
   SlabAllocator(const SlabAllocator&) = delete;
   SlabAllocator& operator=(const SlabAllocator&) = delete;
 
+  // The largest block an allocator of these options can ever hold: its slot (the block rounded up to
+  // slot_alignment_bytes) must fit in the longest slab, min(slab_bytes, capacity_bytes). 0 when not even
+  // one aligned slot fits. Pure; for checking a configuration before anything is mapped.
+  static uint64_t LargestBlockBytes(const SlabAllocatorOptions& options);
+
   // The slot size used for blocks of `block_bytes` (rounded up to the slot alignment).
   uint64_t SlotBytes(uint64_t block_bytes) const;
+  // LargestBlockBytes() of this allocator's options: Allocate of anything larger always fails.
+  uint64_t max_block_bytes() const { return max_block_bytes_; }
   // A free slot of SlotBytes(block_bytes), or nullopt when no slab of that class has a free slot and no
-  // free slab (of enough length) remains. block_bytes must be in (0, slab_bytes].
+  // free slab (of enough length) remains, and at once when block_bytes is 0 or above max_block_bytes()
+  // (it could not fit even an empty allocator).
   std::optional<SlotRef> Allocate(uint64_t block_bytes);
   // Returns `slot` (from Allocate, not yet freed) to its slab.
   void Free(SlotRef slot);
@@ -103,6 +114,7 @@ class SlabAllocator {
   uint64_t capacity_bytes_ = 0;
   uint64_t slab_bytes_ = 0;
   uint64_t alignment_ = 64;
+  uint64_t max_block_bytes_ = 0;
   uint64_t used_bytes_ = 0;
   std::vector<Slab> slabs_;
   std::vector<uint32_t> free_slabs_;  // stack; full-length slabs first to be taken, the short last slab last

@@ -1,0 +1,178 @@
+// One tenant leasing as fast as it can must not starve another tenant's puts: a real kvtier-server
+// process whose host tier one tenant ("greedy") has filled and keeps leasing from several threads,
+// never releasing, while a second tenant ("steady") puts new blocks. With the default
+// leases.tenant_pinned_share (0.5) every put of the second tenant is stored and the refused leases are
+// counted under the first tenant's name; with the bound lifted (share 1) the same load pins the tier
+// and the puts are refused, which is what the bound is for.
+#include <atomic>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+
+#include "absl/strings/str_cat.h"
+#include "kvtier/client/client.h"
+#include "kvtier/common/fingerprint.h"
+#include "kvtier/v1/cache.grpc.pb.h"
+#include "kvtier/wire/wire.h"
+#include "testing/scrape_metrics.h"
+#include "testing/server_process.h"
+#include "testing/status_matchers.h"
+
+namespace kvtier {
+namespace {
+
+using client::Client;
+using client::GetResult;
+using client::PutResult;
+
+constexpr uint64_t kBlockBytes = 64ULL << 10;
+constexpr uint64_t kHostBytes = 8ULL << 20;  // 128 blocks
+constexpr size_t kTierBlocks = kHostBytes / kBlockBytes;
+
+// A layout whose shard is exactly kBlockBytes: MLA, fp8, one layer, one token.
+Namespace TenantNamespace(const std::string& tenant) {
+  Namespace ns;
+  ns.tenant = tenant;
+  ns.model = "pinned-bound";
+  ns.layout = {.kind = LayoutKind::kMla,
+               .dtype = DType::kFp8E4m3,
+               .num_layers = 1,
+               .latent_dim = static_cast<uint32_t>(kBlockBytes),
+               .block_tokens = 1,
+               .tp_size = 1};
+  return ns;
+}
+
+std::vector<Fingerprint> Fingerprints(const Namespace& ns, uint32_t first, size_t n) {
+  std::vector<uint32_t> tokens(n);
+  for (size_t i = 0; i < n; ++i) tokens[i] = first + static_cast<uint32_t>(i);
+  auto fps = ChainFingerprints(ns, tokens);
+  return fps.ok() ? *fps : std::vector<Fingerprint>{};
+}
+
+std::vector<std::byte> Payload(const Fingerprint& fp) {
+  std::vector<std::byte> b(kBlockBytes);
+  uint64_t x = fp.RingPosition() | 1;
+  for (size_t i = 0; i + 8 <= b.size(); i += 8) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    std::memcpy(&b[i], &x, 8);
+  }
+  return b;
+}
+
+std::vector<PutResult> PutAll(Client& c, const Namespace& ns, std::span<const Fingerprint> fps) {
+  std::vector<std::vector<std::byte>> data;
+  for (const auto& fp : fps) data.push_back(Payload(fp));
+  std::vector<std::span<const std::byte>> views(data.begin(), data.end());
+  auto r = c.Put(ns, fps, 0, views);
+  EXPECT_OK(r);
+  return r.ok() ? *r : std::vector<PutResult>(fps.size(), PutResult::kError);
+}
+
+struct Outcome {
+  size_t stored = 0;
+  size_t refused = 0;  // anything else
+  size_t lookups = 0;  // greedy leases taken meanwhile
+  double pinned_refusals = -1;
+};
+
+// Starts a server with `tenant_pinned_share`, fills its tier with "greedy" blocks, leases them from
+// four threads without releasing while "steady" puts 200 new blocks in batches of 8.
+Outcome RunGreedyAgainstSteady(double tenant_pinned_share) {
+  Outcome out;
+  char dir[] = "/tmp/kvtier-pinned-XXXXXX";
+  EXPECT_NE(mkdtemp(dir), nullptr);
+  const std::string config = std::string(dir) + "/kvtier.yaml";
+  std::ofstream(config) << "leases:\n  default_ttl: 10s\n  max_ttl: 60s\n  tenant_pinned_share: " << tenant_pinned_share
+                        << "\n";
+  auto server =
+      testing::ServerProcess::Start("node-p", {"--config=" + config, absl::StrCat("--host_cache_bytes=", kHostBytes),
+                                               "--slab_bytes=1MiB", "--max_block_bytes=64KiB"});
+  EXPECT_OK(server);
+  if (!server.ok()) return out;
+  auto c = Client::Connect({.members = {(*server)->address()}, .rpc_timeout = absl::Seconds(20), .transport = "grpc"});
+  EXPECT_OK(c);
+  if (!c.ok()) return out;
+
+  const Namespace greedy = TenantNamespace("greedy");
+  const std::vector<Fingerprint> greedy_fps = Fingerprints(greedy, 1, kTierBlocks);
+  for (size_t i = 0; i < greedy_fps.size(); i += 16) {
+    PutAll(**c, greedy, std::span<const Fingerprint>(greedy_fps).subspan(i, 16));
+  }
+  v1::LookupRequest req;
+  wire::ToProto(greedy, req.mutable_namespace_());
+  std::vector<BlockKey> keys;
+  for (const auto& fp : greedy_fps) keys.push_back({fp, 0});
+  wire::EncodeKeys(keys, req.mutable_keys());
+  req.set_lease_ms(60'000);
+
+  std::atomic<bool> stop{false};
+  std::atomic<size_t> lookups{0};
+  std::vector<std::thread> leasers;
+  for (int t = 0; t < 4; ++t) {
+    leasers.emplace_back([&] {
+      auto stub =
+          v1::CacheService::NewStub(grpc::CreateChannel((*server)->address(), grpc::InsecureChannelCredentials()));
+      while (!stop.load()) {
+        v1::LookupResponse resp;
+        grpc::ClientContext ctx;
+        if (stub->Lookup(&ctx, req, &resp).ok()) lookups.fetch_add(1);
+      }
+    });
+  }
+  // Let the leases take hold before the other tenant starts.
+  while (lookups.load() < 20) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+
+  const Namespace steady = TenantNamespace("steady");
+  const std::vector<Fingerprint> steady_fps = Fingerprints(steady, 100'000, 200);
+  for (size_t i = 0; i < steady_fps.size(); i += 8) {
+    for (PutResult r : PutAll(**c, steady, std::span<const Fingerprint>(steady_fps).subspan(i, 8))) {
+      (r == PutResult::kStored ? out.stored : out.refused) += 1;
+    }
+  }
+  // The last batch is readable, byte for byte, while the leasing goes on.
+  const auto last = std::span<const Fingerprint>(steady_fps).last(8);
+  std::vector<std::vector<std::byte>> back(last.size(), std::vector<std::byte>(kBlockBytes));
+  std::vector<std::span<std::byte>> views(back.begin(), back.end());
+  auto got = (*c)->Get(steady, last, 0, views);
+  EXPECT_OK(got);
+  if (got.ok() && out.refused == 0) {
+    for (size_t i = 0; i < last.size(); ++i) {
+      EXPECT_EQ((*got)[i], GetResult::kHit) << i;
+      EXPECT_EQ(back[i], Payload(last[i])) << i;
+    }
+  }
+  stop.store(true);
+  for (auto& t : leasers) t.join();
+  out.lookups = lookups.load();
+  out.pinned_refusals = testing::MetricValue(testing::ScrapeMetrics((*server)->metrics_port()),
+                                             "kvtier_lease_refusals_total{tenant=\"greedy\",reason=\"pinned_bound\"}");
+  std::error_code ignored;
+  std::filesystem::remove_all(dir, ignored);
+  return out;
+}
+
+TEST(TenantPinnedTest, ALeasingTenantCannotStarveAnotherTenantsPuts) {
+  const Outcome o = RunGreedyAgainstSteady(0.5);
+  EXPECT_EQ(o.stored, 200u);
+  EXPECT_EQ(o.refused, 0u);
+  EXPECT_GT(o.lookups, 20u);
+  EXPECT_GT(o.pinned_refusals, 0) << "the greedy tenant's refused leases are counted under its name";
+}
+
+TEST(TenantPinnedTest, WithoutTheBoundTheSameLoadPinsTheTier) {
+  const Outcome o = RunGreedyAgainstSteady(1.0);
+  EXPECT_GT(o.refused, 0u) << "every greedy block leased: nothing is left to evict for the other tenant";
+  EXPECT_LE(o.pinned_refusals, 0);
+}
+
+}  // namespace
+}  // namespace kvtier
