@@ -27,6 +27,7 @@
 #include "kvtier/v1/admin.grpc.pb.h"
 #include "testing/scrape_metrics.h"
 #include "testing/server_process.h"
+#include "testing/sized_blocks.h"
 #include "testing/status_matchers.h"
 
 namespace kvtier {
@@ -40,18 +41,8 @@ constexpr uint64_t kBlockBytes = 4ULL << 20;
 constexpr size_t kBlocks = 16;  // 64 MiB in one put batch
 constexpr absl::Duration kReservationTtl = absl::Seconds(2);
 
-// A layout whose shard is exactly `bytes` long: MLA, fp8, one layer, one token.
 Namespace WriterNamespace(uint32_t seed) {
-  Namespace ns;
-  ns.tenant = "acme";
-  ns.model = absl::StrCat("dead-writer-", seed);
-  ns.layout = {.kind = LayoutKind::kMla,
-               .dtype = DType::kFp8E4m3,
-               .num_layers = 1,
-               .latent_dim = static_cast<uint32_t>(kBlockBytes),
-               .block_tokens = 1,
-               .tp_size = 1};
-  return ns;
+  return testing::SizedNamespace("acme", absl::StrCat("dead-writer-", seed), static_cast<uint32_t>(kBlockBytes));
 }
 
 std::vector<Fingerprint> WriterFingerprints(const Namespace& ns) {
@@ -63,17 +54,7 @@ std::vector<Fingerprint> WriterFingerprints(const Namespace& ns) {
 
 // Bytes derived from the fingerprint, so that the writer and the second client put the same bytes and
 // any mix-up shows.
-std::vector<std::byte> Payload(const Fingerprint& fp) {
-  std::vector<std::byte> b(kBlockBytes);
-  uint64_t x = fp.RingPosition() | 1;
-  for (size_t i = 0; i + 8 <= b.size(); i += 8) {
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    std::memcpy(&b[i], &x, 8);
-  }
-  return b;
-}
+std::vector<std::byte> Payload(const Fingerprint& fp) { return testing::FingerprintPayload(fp, kBlockBytes); }
 
 struct Blocks {
   std::vector<std::vector<std::byte>> data;

@@ -184,16 +184,7 @@ TEST(ServerProcessTest, DiskTierComesBackAfterKillDashNineUnderTheSameNodeId) {
   std::filesystem::remove_all(dir_template);
 }
 
-// Runs kvtier-server with `args` until it exits (stopped after 20 s: exit status 124); returns its exit
-// status and sets `out` to what it printed.
-int RunServer(const std::string& args, std::string& out) {
-  const std::string cmd = "timeout 20 " + testing::BinaryDir() + "/cache_server/kvtier-server " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  if (p == nullptr) return -1;
-  char buf[512];
-  while (fgets(buf, sizeof(buf), p) != nullptr) out += buf;
-  return pclose(p);
-}
+int RunServer(const std::string& args, std::string& out) { return testing::RunServerToExit(args, out); }
 
 // A temporary config file holding `yaml`; the caller unlinks it. Empty when it could not be written.
 std::string WriteConfig(const std::string& yaml) {

@@ -3,7 +3,6 @@
 // tier is refused without evicting anything.
 #include <sys/wait.h>
 
-#include <cstdio>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -17,6 +16,7 @@
 #include "kvtier/wire/wire.h"
 #include "testing/scrape_metrics.h"
 #include "testing/server_process.h"
+#include "testing/sized_blocks.h"
 #include "testing/status_matchers.h"
 
 namespace kvtier {
@@ -25,36 +25,15 @@ namespace {
 using client::Client;
 using client::PutResult;
 
-// Runs kvtier-server with `args` until it exits (stopped after 20 s); returns its wait status and sets
-// `out` to what it printed.
-int RunServer(const std::string& args, std::string& out) {
-  const std::string cmd = "timeout 20 " + testing::BinaryDir() + "/cache_server/kvtier-server " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  if (p == nullptr) return -1;
-  char buf[512];
-  while (fgets(buf, sizeof(buf), p) != nullptr) out += buf;
-  return pclose(p);
-}
-
-// A layout whose shard is exactly `bytes` long: MLA, fp8, one layer, one token.
 Namespace SizedNamespace(uint32_t bytes) {
-  Namespace ns;
-  ns.tenant = "acme";
-  ns.model = "slot-fit-" + std::to_string(bytes);
-  ns.layout = {.kind = LayoutKind::kMla,
-               .dtype = DType::kFp8E4m3,
-               .num_layers = 1,
-               .latent_dim = bytes,
-               .block_tokens = 1,
-               .tp_size = 1};
-  return ns;
+  return testing::SizedNamespace("acme", "slot-fit-" + std::to_string(bytes), bytes);
 }
 
 TEST(SlotFitTest, ASlabThatCannotHoldTheLargestBlocksSlotIsRefusedAtStart) {
   // Both 1000001: the block's slot rounds up to 1000064 bytes, so every such put would have evicted the
   // whole tier and then been refused.
   std::string out;
-  const int status = RunServer(
+  const int status = testing::RunServerToExit(
       "--node_id=x --metrics_address=none --listen_address=127.0.0.1:0 --host_cache_bytes=64MiB "
       "--slab_bytes=1000001 --max_block_bytes=1000001",
       out);

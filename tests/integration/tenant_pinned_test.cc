@@ -22,6 +22,7 @@
 #include "kvtier/wire/wire.h"
 #include "testing/scrape_metrics.h"
 #include "testing/server_process.h"
+#include "testing/sized_blocks.h"
 #include "testing/status_matchers.h"
 
 namespace kvtier {
@@ -35,18 +36,8 @@ constexpr uint64_t kBlockBytes = 64ULL << 10;
 constexpr uint64_t kHostBytes = 8ULL << 20;  // 128 blocks
 constexpr size_t kTierBlocks = kHostBytes / kBlockBytes;
 
-// A layout whose shard is exactly kBlockBytes: MLA, fp8, one layer, one token.
 Namespace TenantNamespace(const std::string& tenant) {
-  Namespace ns;
-  ns.tenant = tenant;
-  ns.model = "pinned-bound";
-  ns.layout = {.kind = LayoutKind::kMla,
-               .dtype = DType::kFp8E4m3,
-               .num_layers = 1,
-               .latent_dim = static_cast<uint32_t>(kBlockBytes),
-               .block_tokens = 1,
-               .tp_size = 1};
-  return ns;
+  return testing::SizedNamespace(tenant, "pinned-bound", static_cast<uint32_t>(kBlockBytes));
 }
 
 std::vector<Fingerprint> Fingerprints(const Namespace& ns, uint32_t first, size_t n) {
@@ -56,17 +47,7 @@ std::vector<Fingerprint> Fingerprints(const Namespace& ns, uint32_t first, size_
   return fps.ok() ? *fps : std::vector<Fingerprint>{};
 }
 
-std::vector<std::byte> Payload(const Fingerprint& fp) {
-  std::vector<std::byte> b(kBlockBytes);
-  uint64_t x = fp.RingPosition() | 1;
-  for (size_t i = 0; i + 8 <= b.size(); i += 8) {
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    std::memcpy(&b[i], &x, 8);
-  }
-  return b;
-}
+std::vector<std::byte> Payload(const Fingerprint& fp) { return testing::FingerprintPayload(fp, kBlockBytes); }
 
 std::vector<PutResult> PutAll(Client& c, const Namespace& ns, std::span<const Fingerprint> fps) {
   std::vector<std::vector<std::byte>> data;

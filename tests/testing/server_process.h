@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -124,6 +125,18 @@ class ServerProcess {
   int ucx_port_ = 0;
   int health_port_ = 0;
 };
+
+// Runs `kvtier-server args` (a shell command line; stopped after 20 s: exit status 124) until it exits;
+// returns its wait status (pclose) and sets `out` to what it printed on stdout and stderr. For
+// configurations the server must refuse at start.
+inline int RunServerToExit(const std::string& args, std::string& out) {
+  const std::string cmd = "timeout 20 " + BinaryDir() + "/cache_server/kvtier-server " + args + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  if (p == nullptr) return -1;
+  char buf[512];
+  while (fgets(buf, sizeof(buf), p) != nullptr) out += buf;
+  return pclose(p);
+}
 
 }  // namespace kvtier::testing
 
