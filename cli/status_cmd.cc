@@ -244,9 +244,7 @@ void PrintStatus(const StatusReport& report, std::ostream& out) {
     if (const std::string p = m.Problem(); !p.empty()) out << m.address << ": " << p << "\n";
     for (const v1::TierInfo& t : m.info.tiers()) {
       if (t.state().empty() || t.state() == "ok") continue;
-      out << m.address << ": disk tier " << t.state() << ": " << t.state_reason() << " ("
-          << HumanBytes(t.volume_free_bytes()) << " free, floor " << HumanBytes(t.min_free_bytes())
-          << "); serving from memory\n";
+      out << m.address << ": disk tier " << t.state() << ": " << t.state_reason() << "; serving from memory\n";
     }
   }
   if (!report.ring_status.ok()) out << "ring: " << report.ring_status.ToString() << "\n";

@@ -185,8 +185,6 @@ absl::StatusOr<std::unique_ptr<DiskTier>> DiskTier::Open(const std::string& path
 
 std::unique_ptr<DiskTier> DiskTier::OpenOrDegrade(const DiskTierOptions& options) {
   auto tier = std::unique_ptr<DiskTier>(new DiskTier(options));
-  std::error_code ignored;
-  std::filesystem::create_directories(options.path, ignored);
   uint64_t total = 0, avail = 0;
   if (VolumeOf(options.path, &total, &avail)) {
     tier->volume_bytes_ = total;
@@ -234,6 +232,8 @@ void DiskTier::SetStateLocked(DiskTierState state, std::string reason) {
 }
 
 void DiskTier::OpenLocked() {
+  std::error_code ignored;
+  std::filesystem::create_directories(options_.path, ignored);  // RocksDB creates only the last level
   rocksdb::DBOptions db_options;
   db_options.create_if_missing = true;
   db_options.create_missing_column_families = true;
