@@ -145,10 +145,17 @@ Json StatusJson(const StatusReport& report) {
     const bool has_info = m.info_status.ok();
     Json tiers = Json::array();
     for (const v1::TierInfo& t : m.info.tiers()) {
-      tiers.push_back({{"tier", t.tier()},
-                       {"capacity_bytes", t.capacity_bytes()},
-                       {"used_bytes", t.used_bytes()},
-                       {"blocks", t.blocks()}});
+      Json tier = {{"tier", t.tier()},
+                   {"capacity_bytes", t.capacity_bytes()},
+                   {"used_bytes", t.used_bytes()},
+                   {"blocks", t.blocks()}};
+      if (!t.state().empty()) {  // the disk tier
+        tier["state"] = t.state();
+        tier["state_reason"] = t.state_reason();
+        tier["volume_free_bytes"] = t.volume_free_bytes();
+        tier["min_free_bytes"] = t.min_free_bytes();
+      }
+      tiers.push_back(std::move(tier));
     }
     const std::string problem = m.Problem();
     auto info_field = [&](auto v) { return has_info ? Json(v) : Json(nullptr); };
@@ -192,6 +199,10 @@ void PrintStatus(const StatusReport& report, std::ostream& out) {
     const std::string name = absl::AsciiStrToUpper(tier);
     header.insert(header.end(), {name + " USED / CAPACITY", name + " BLOCKS"});
     right.insert(right.end(), {true, true});
+    if (tier == "disk") {
+      header.push_back("DISK STATE");
+      right.push_back(false);
+    }
   }
   header.insert(header.end(), {"MODE", "POLICY", "TRANSPORT", "UPTIME"});
   right.insert(right.end(), {false, false, false, true});
@@ -205,9 +216,11 @@ void PrintStatus(const StatusReport& report, std::ostream& out) {
                              [&](const v1::TierInfo& t) { return t.tier() == tier; });
       if (!has_info || it == m.info.tiers().end()) {
         row.insert(row.end(), {"-", "-"});
+        if (tier == "disk") row.push_back("-");
       } else {
         row.push_back(absl::StrCat(HumanBytes(it->used_bytes()), " / ", HumanBytes(it->capacity_bytes())));
         row.push_back(absl::StrCat(it->blocks()));
+        if (tier == "disk") row.push_back(it->state().empty() ? "-" : it->state());
       }
     }
     if (has_info) {
@@ -229,6 +242,10 @@ void PrintStatus(const StatusReport& report, std::ostream& out) {
   out << ", " << all.blocks << " blocks\n";
   for (const MemberStatus& m : report.members) {
     if (const std::string p = m.Problem(); !p.empty()) out << m.address << ": " << p << "\n";
+    for (const v1::TierInfo& t : m.info.tiers()) {
+      if (t.state().empty() || t.state() == "ok") continue;
+      out << m.address << ": disk tier " << t.state() << ": " << t.state_reason() << "; serving from memory\n";
+    }
   }
   if (!report.ring_status.ok()) out << "ring: " << report.ring_status.ToString() << "\n";
 }

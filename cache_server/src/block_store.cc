@@ -1,10 +1,12 @@
 #include "kvtier/server/block_store.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "kvtier/common/checksum.h"
+#include "kvtier/common/log.h"
 #include "kvtier/common/status_macros.h"
 #include "storage/disk_tier.h"
 
@@ -77,13 +79,94 @@ absl::StatusOr<std::unique_ptr<BlockStore>> BlockStore::Create(const BlockStoreO
     store->hbm_memory_ = options.hbm_memory;
   }
   if (!options.disk_path.empty()) {
-    auto disk = DiskTier::Open(options.disk_path);
-    if (!disk.ok()) return disk.status();
-    store->disk_ = std::move(disk).value();
-    std::lock_guard<std::mutex> lock(store->mu_);
-    if (absl::Status s = store->RecoverDiskLocked(); !s.ok()) return s;
+    // Never fails: a volume that is full or broken leaves the tier degraded or off, and ProbeDisk()
+    // brings it back.
+    store->disk_ = DiskTier::OpenOrDegrade({.path = options.disk_path,
+                                            .min_free_bytes = options.disk_min_free_bytes,
+                                            .info_log_dir = options.disk_info_log_dir});
+    store->disk_capacity_ = options.disk_capacity_bytes;
+    if (const uint64_t volume = store->disk_->volume_bytes(); volume > 0) {
+      // Blob files keep a deleted block's bytes until garbage collection rewrites them, and the WAL holds
+      // a copy of the newest until they are flushed: the files may take twice the logical bytes.
+      const uint64_t limit = (volume - std::min(volume, store->disk_->min_free_bytes())) / 2;
+      if (store->disk_capacity_ > limit) {
+        KVTIER_LOG(warn,
+                   "disk tier at {}: disk_tier.capacity_bytes {} is more than the volume allows ({} bytes, half of "
+                   "its {} bytes less the {} bytes floor); using {}",
+                   options.disk_path, store->disk_capacity_, limit, volume, store->disk_->min_free_bytes(), limit);
+        store->disk_capacity_ = limit;
+      }
+    }
+    if (store->disk_->state() != DiskTierState::kOff) {
+      std::lock_guard<std::mutex> lock(store->mu_);
+      if (absl::Status s = store->RecoverDiskLocked(); !s.ok()) {
+        KVTIER_LOG(err, "disk tier at {}: recovering its blocks failed: {}; serving from memory", options.disk_path,
+                   std::string(s.message()));
+      }
+    }
   }
   return store;
+}
+
+DiskTierStatus BlockStore::disk_status() const {
+  DiskTierStatus st;
+  if (disk_ == nullptr) return st;
+  st.state = DiskTierStateName(disk_->state());
+  st.reason = disk_->reason();
+  st.volume_bytes = disk_->volume_bytes();
+  st.free_bytes = disk_->free_bytes();
+  st.min_free_bytes = disk_->min_free_bytes();
+  st.database_bytes = disk_->database_bytes();
+  const DiskErrorCounters& e = disk_->errors();
+  st.open_errors = e.open.load(std::memory_order_relaxed);
+  st.write_errors = e.write.load(std::memory_order_relaxed);
+  st.read_errors = e.read.load(std::memory_order_relaxed);
+  st.delete_errors = e.remove.load(std::memory_order_relaxed);
+  st.scan_errors = e.scan.load(std::memory_order_relaxed);
+  return st;
+}
+
+void BlockStore::ProbeDisk() {
+  if (disk_ == nullptr) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (disk_->Probe()) ReconcileDiskLocked();
+}
+
+void BlockStore::ReconcileDiskLocked() {
+  std::vector<std::pair<BlockKey, DiskBlockMeta>> found;
+  if (!disk_->ForEach([&](const BlockKey& k, const DiskBlockMeta& m) { found.push_back({k, m}); }).ok()) return;
+  uint64_t added = 0, stale = 0;
+  for (const auto& [key, meta] : found) {
+    if (auto it = index_.find(key); it != index_.end()) {
+      if (entries_[it->second].tier != Tier::kDisk) {
+        (void)disk_->Delete(key);  // a copy left while the tier could not delete; the block is in memory
+        ++stale;
+      }
+      continue;
+    }
+    const EntryHandle h = NewEntryLocked();
+    Entry& e = entries_[h];
+    e.key = key;
+    e.namespace_id = meta.namespace_id;
+    e.tenant_id = meta.tenant_id;
+    e.size_bytes = meta.size_bytes;
+    e.checksum = meta.checksum;
+    e.depth = meta.depth;
+    e.access_count = meta.access_count;
+    e.state = State::kCommitted;
+    e.tier = Tier::kDisk;
+    e.inserted_ns = e.last_access_ns = absl::ToUnixNanos(clock_->Now());
+    index_.emplace(key, h);
+    tenant_bytes_[e.tenant_id] += e.size_bytes;
+    disk_policy_->OnInsert(h, AccessOf(e));
+    if (sink_ != nullptr) sink_->OnStored(EventInfoOf(e));
+    stats_.disk_blocks.fetch_add(1, std::memory_order_relaxed);
+    stats_.disk_bytes.fetch_add(meta.size_bytes, std::memory_order_relaxed);
+    ++added;
+  }
+  MakeDiskRoomLocked(0);
+  KVTIER_LOG(info, "disk tier at {} reopened: {} blocks on it, {} indexed again, {} stale copies deleted",
+             options_.disk_path, found.size(), added, stale);
 }
 
 absl::Status BlockStore::RecoverDiskLocked() {
@@ -98,6 +181,7 @@ absl::Status BlockStore::RecoverDiskLocked() {
   // Deeper blocks first, so that the shallow ones (the most shared) end up most recent.
   std::sort(found.begin(), found.end(), [](const auto& a, const auto& b) { return a.second.depth > b.second.depth; });
   for (const auto& [key, meta] : found) {
+    if (index_.contains(key)) continue;
     const EntryHandle h = NewEntryLocked();
     Entry& e = entries_[h];
     e.key = key;
@@ -161,7 +245,7 @@ void BlockStore::EraseEntryLocked(EntryHandle h) {
     allocator_->Free(e.slot);
   } else {
     disk_policy_->OnErase(h);
-    if (!disk_->Delete(e.key).ok()) stats_.disk_errors.fetch_add(1, std::memory_order_relaxed);
+    CountDiskDelete(disk_->Delete(e.key));
     stats_.disk_blocks.fetch_sub(1, std::memory_order_relaxed);
     stats_.disk_bytes.fetch_sub(e.size_bytes, std::memory_order_relaxed);
   }
@@ -174,8 +258,15 @@ void BlockStore::EraseEntryLocked(EntryHandle h) {
   free_entries_.push_back(h);
 }
 
+void BlockStore::CountDiskDelete(const absl::Status& s) {
+  // FailedPrecondition: the tier cannot write now; the record stays and is deleted at its reconcile.
+  if (!s.ok() && !absl::IsFailedPrecondition(s) && !absl::IsNotFound(s)) {
+    stats_.disk_errors.fetch_add(1, std::memory_order_relaxed);
+  }
+}
+
 bool BlockStore::MakeDiskRoomLocked(uint64_t bytes) {
-  while (stats_.disk_bytes.load(std::memory_order_relaxed) + bytes > options_.disk_capacity_bytes) {
+  while (stats_.disk_bytes.load(std::memory_order_relaxed) + bytes > disk_capacity_) {
     auto victim = disk_policy_->PickVictim([&](EntryHandle h) { return entries_[h].lease_count == 0; });
     if (!victim.has_value()) return false;
     EraseEntryLocked(*victim);
@@ -186,7 +277,20 @@ bool BlockStore::MakeDiskRoomLocked(uint64_t bytes) {
 
 void BlockStore::DemoteOrDropLocked(EntryHandle h) {
   Entry& e = entries_[h];
-  if (disk_ == nullptr || e.size_bytes > options_.disk_capacity_bytes || !MakeDiskRoomLocked(e.size_bytes)) {
+  if (disk_ == nullptr) {
+    EraseEntryLocked(h);
+    return;
+  }
+  // A full or failing disk: the block is dropped, as without a disk tier (it is logged by the tier).
+  if (!disk_->HasRoomFor(e.size_bytes)) {
+    stats_.disk_spill_refused.fetch_add(1, std::memory_order_relaxed);
+    KVTIER_LOG_EVERY(std::chrono::seconds(10), warn,
+                     "disk tier at {} is {} ({}): host evictions drop blocks instead of spilling them",
+                     options_.disk_path, DiskTierStateName(disk_->state()), disk_->reason());
+    EraseEntryLocked(h);
+    return;
+  }
+  if (e.size_bytes > disk_capacity_ || !MakeDiskRoomLocked(e.size_bytes)) {
     EraseEntryLocked(h);
     return;
   }
@@ -203,8 +307,9 @@ void BlockStore::DemoteOrDropLocked(EntryHandle h) {
     EraseEntryLocked(h);
     return;
   }
-  if (!disk_->Put(e.key, meta, bytes).ok()) {
-    stats_.disk_errors.fetch_add(1, std::memory_order_relaxed);
+  if (const absl::Status put = disk_->Put(e.key, meta, bytes); !put.ok()) {
+    (absl::IsFailedPrecondition(put) ? stats_.disk_spill_refused : stats_.disk_errors)
+        .fetch_add(1, std::memory_order_relaxed);
     EraseEntryLocked(h);
     return;
   }
@@ -248,15 +353,18 @@ bool BlockStore::LoadFromDiskLocked(EntryHandle h, std::vector<std::byte>* owned
   if (!s.ok()) {
     if (slot.has_value()) allocator_->Free(*slot);
     owned->clear();
-    (s.code() == absl::StatusCode::kDataLoss ? stats_.disk_checksum_failures : stats_.disk_errors)
-        .fetch_add(1, std::memory_order_relaxed);
+    if (s.code() == absl::StatusCode::kDataLoss) {
+      stats_.disk_checksum_failures.fetch_add(1, std::memory_order_relaxed);
+    } else if (!absl::IsUnavailable(s)) {  // Unavailable: the tier is off, the block is a miss
+      stats_.disk_errors.fetch_add(1, std::memory_order_relaxed);
+    }
     if (e.lease_count == 0) EraseEntryLocked(h);  // never served; a leased entry goes when released
     return false;
   }
   if (slot.has_value()) {
     // Exclusive tiers: the block leaves the disk as it enters host memory.
     disk_policy_->OnErase(h);
-    if (!disk_->Delete(e.key).ok()) stats_.disk_errors.fetch_add(1, std::memory_order_relaxed);
+    CountDiskDelete(disk_->Delete(e.key));
     stats_.disk_blocks.fetch_sub(1, std::memory_order_relaxed);
     stats_.disk_bytes.fetch_sub(e.size_bytes, std::memory_order_relaxed);
     e.slot = *slot;
@@ -611,7 +719,9 @@ BlockStore::VerifyResult BlockStore::Verify(const std::function<void(uint64_t, u
                                .checksum = e.checksum,
                                .depth = e.depth,
                                .access_count = e.access_count};
-      ok = disk_->Get(e.key, meta, buffer).ok();
+      const absl::Status got = disk_->Get(e.key, meta, buffer);
+      if (absl::IsUnavailable(got)) continue;  // the disk tier is off: nothing to check now
+      ok = got.ok();
     }
     ++result.checked;
     if (!ok) {

@@ -497,6 +497,11 @@ grpc::Status AdminServiceImpl::GetInfo(grpc::ServerContext* ctx, const v1::GetIn
     disk->set_capacity_bytes(store_.disk_capacity_bytes());
     disk->set_used_bytes(store_.stats().disk_bytes.load(std::memory_order_relaxed));
     disk->set_blocks(store_.stats().disk_blocks.load(std::memory_order_relaxed));
+    const DiskTierStatus st = store_.disk_status();
+    disk->set_state(st.state);
+    disk->set_state_reason(st.reason);
+    disk->set_volume_free_bytes(st.free_bytes);
+    disk->set_min_free_bytes(st.min_free_bytes);
   }
   resp->set_uptime_ms(static_cast<uint64_t>(absl::ToInt64Milliseconds(absl::Now() - start_)));
   resp->set_eviction_policy(store_.eviction_policy_name());
@@ -542,6 +547,16 @@ grpc::Status AdminServiceImpl::GetStats(grpc::ServerContext* ctx, const v1::GetS
   resp->set_disk_errors(v(s.disk_errors));
   resp->set_recovered_blocks(v(s.recovered_blocks));
   resp->set_slab_moves(v(s.slab_moves));
+  if (store_.has_disk_tier()) {
+    const DiskTierStatus st = store_.disk_status();
+    resp->set_disk_state(st.state);
+    resp->set_disk_state_reason(st.reason);
+    resp->set_disk_spill_refused(v(s.disk_spill_refused));
+    resp->set_disk_write_errors(st.write_errors);
+    resp->set_disk_read_errors(st.read_errors);
+    resp->set_disk_delete_errors(st.delete_errors);
+    resp->set_disk_open_errors(st.open_errors);
+  }
   using D = ServerMetrics::Direction;
   using T = ServerMetrics::Transport;
   resp->set_grpc_read_bytes(metrics_.transfer_bytes(D::kRead, T::kGrpc));

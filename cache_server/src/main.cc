@@ -27,6 +27,8 @@ ABSL_FLAG(std::string, slab_bytes, "", "slab size, e.g. 64MiB (host_tier.slab_by
 ABSL_FLAG(std::string, eviction_policy, "", "lru, weighted or prefix_lrfu (eviction.policy)");
 ABSL_FLAG(std::string, disk_path, "", "RocksDB directory of the disk tier (disk_tier.path)");
 ABSL_FLAG(std::string, disk_capacity_bytes, "", "disk tier budget, e.g. 100GiB (disk_tier.capacity_bytes)");
+ABSL_FLAG(std::string, disk_min_free_bytes, "",
+          "free space the disk tier's volume keeps, e.g. 8GiB (disk_tier.min_free_bytes)");
 ABSL_FLAG(std::string, max_block_bytes, "", "largest block accepted, e.g. 64MiB (limits.max_block_bytes)");
 ABSL_FLAG(std::string, events_pub_endpoint, "",
           "publish KV events on this ZeroMQ endpoint, e.g. tcp://0.0.0.0:7402 (events.enabled + "
@@ -95,6 +97,7 @@ int main(int argc, char** argv) {
     if (ep != "none") options.events_pub_endpoint = ep;
   }
   if (!OverrideBytes(FLAGS_disk_capacity_bytes, "disk_capacity_bytes", options.disk_capacity_bytes) ||
+      !OverrideBytes(FLAGS_disk_min_free_bytes, "disk_min_free_bytes", options.disk_min_free_bytes) ||
       !OverrideBytes(FLAGS_host_cache_bytes, "host_cache_bytes", options.host_cache_bytes) ||
       !OverrideBytes(FLAGS_slab_bytes, "slab_bytes", options.slab_bytes) ||
       !OverrideBytes(FLAGS_max_block_bytes, "max_block_bytes", options.max_block_bytes)) {

@@ -126,11 +126,12 @@ struct Server::Impl {
   bool stopped = false;   // guarded by mu
   std::thread expiry_thread;
 
-  // Expires leases and reservations every expiry_interval, and compacts the host tier every
-  // defrag_interval.
+  // Expires leases and reservations every expiry_interval, compacts the host tier every
+  // defrag_interval, and checks the disk tier (ProbeDisk) every disk_probe_interval.
   void ExpiryLoop() {
     std::unique_lock<std::mutex> lock(mu);
     absl::Time next_defrag = absl::Now() + options.defrag_interval;
+    absl::Time next_disk_probe = absl::Now() + options.disk_probe_interval;
     while (!stopping) {
       cv.wait_for(lock, absl::ToChronoMilliseconds(options.expiry_interval));
       if (stopping) break;
@@ -139,6 +140,10 @@ struct Server::Impl {
       if (options.defrag_interval > absl::ZeroDuration() && absl::Now() >= next_defrag) {
         store->Defragment();
         next_defrag = absl::Now() + options.defrag_interval;
+      }
+      if (absl::Now() >= next_disk_probe) {
+        store->ProbeDisk();
+        next_disk_probe = absl::Now() + options.disk_probe_interval;
       }
       lock.lock();
     }
@@ -205,6 +210,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
                                    .tenant_pinned_share = options.tenant_pinned_share,
                                    .disk_path = options.disk_path,
                                    .disk_capacity_bytes = options.disk_capacity_bytes,
+                                   .disk_min_free_bytes = options.disk_min_free_bytes,
+                                   .disk_info_log_dir = options.disk_info_log_dir,
                                    .promote_on_hit = options.promote_on_hit,
                                    .hbm_memory = hbm,
                                    .hbm_promote_on_hit = options.hbm_promote_on_hit,

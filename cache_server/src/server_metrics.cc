@@ -130,6 +130,40 @@ class StoreCollectable final : public prometheus::Collectable {
     Add(disk_errors, v(s.disk_errors));
     out.push_back(std::move(disk_errors));
 
+    if (store_.has_disk_tier()) {
+      const DiskTierStatus st = store_.disk_status();
+      // One sample per state, 1 for the state the tier is in (docs/config.md, "Disk tier states").
+      auto state = Family("kvtier_disk_tier_state",
+                          "1 for the disk tier's state: ok, degraded-full, read-only or off; 0 for the others.",
+                          MetricType::Gauge);
+      for (const char* name : {"ok", "degraded-full", "read-only", "off"}) {
+        Add(state, st.state == name ? 1.0 : 0.0, {{"state", name}});
+      }
+      out.push_back(std::move(state));
+      auto by_op = Family("kvtier_disk_io_errors_total", "Disk tier I/O errors, by operation (each one is logged).",
+                          MetricType::Counter);
+      Add(by_op, static_cast<double>(st.open_errors), {{"op", "open"}});
+      Add(by_op, static_cast<double>(st.write_errors), {{"op", "write"}});
+      Add(by_op, static_cast<double>(st.read_errors), {{"op", "read"}});
+      Add(by_op, static_cast<double>(st.delete_errors), {{"op", "delete"}});
+      Add(by_op, static_cast<double>(st.scan_errors), {{"op", "scan"}});
+      out.push_back(std::move(by_op));
+      auto refused = Family("kvtier_disk_spill_refused_total",
+                            "Host evictions dropped instead of spilled because the disk tier was not writable.",
+                            MetricType::Counter);
+      Add(refused, v(s.disk_spill_refused));
+      out.push_back(std::move(refused));
+      auto free = Family("kvtier_disk_volume_free_bytes", "Free bytes of the disk tier's volume at the last check.",
+                         MetricType::Gauge);
+      Add(free, static_cast<double>(st.free_bytes));
+      out.push_back(std::move(free));
+      auto floor = Family("kvtier_disk_min_free_bytes",
+                          "The free space under which the disk tier writes nothing (disk_tier.min_free_bytes).",
+                          MetricType::Gauge);
+      Add(floor, static_cast<double>(st.min_free_bytes));
+      out.push_back(std::move(floor));
+    }
+
     if (store_.has_hbm_tier()) {
       auto hbm_errors = Family("kvtier_hbm_errors_total",
                                "HBM tier copies that failed (the block is dropped or stays put).", MetricType::Counter);

@@ -257,7 +257,10 @@ const std::map<std::string, std::map<std::string, Setter>>& Schema() {
       {"disk_tier",
        {{"path", String(&ServerOptions::disk_path)},
         {"capacity_bytes", Bytes(&ServerOptions::disk_capacity_bytes)},
-        {"promote_on_hit", Bool(&ServerOptions::promote_on_hit)}}},
+        {"promote_on_hit", Bool(&ServerOptions::promote_on_hit)},
+        {"min_free_bytes", Bytes(&ServerOptions::disk_min_free_bytes)},
+        {"info_log_dir", String(&ServerOptions::disk_info_log_dir)},
+        {"probe_interval", Duration(&ServerOptions::disk_probe_interval)}}},
       {"limits",
        {{"max_block_bytes", Bytes(&ServerOptions::max_block_bytes)},
         {"max_blocks_per_request", Count(&ServerOptions::max_blocks_per_request)},
@@ -354,6 +357,7 @@ absl::Status ServerOptions::Validate() const {
   if (disk_path.empty() && disk_capacity_bytes != 0) {
     return Bad("disk_tier.path", "is required when disk_tier.capacity_bytes is set");
   }
+  if (disk_probe_interval <= absl::ZeroDuration()) return Bad("disk_tier.probe_interval", "must be > 0");
   if (max_block_bytes == 0) return Bad("limits.max_block_bytes", "must be > 0");
   if (max_block_bytes > slab_bytes) {
     return Bad("limits.max_block_bytes", absl::StrCat("must be <= host_tier.slab_bytes (", slab_bytes, ")"));

@@ -2,13 +2,18 @@
 // tiers, the real trace_replay binary replaying the built-in chat workload against them at a steady
 // pace, and a fault injected while it runs: a server killed with SIGKILL and restarted on its disk, a
 // server cut off by a network partition (a network namespace whose link goes down) and healed, and a
-// server restarted with an empty disk under the same node id. trace_replay reports every window of
-// kWindowRequests requests (--report_interval_requests), so the test sees the hit ratio, the misses
-// from errors and the lookup latency before, during and after each fault.
+// server restarted with an empty disk under the same node id, and a server whose disk volume fills. trace_replay
+// reports every window of kWindowRequests requests (--report_interval_requests), so the test sees the hit ratio, the
+// misses from errors and the lookup latency before, during and after each fault.
 #include <signal.h>
+#include <sys/mount.h>
+#include <sys/statvfs.h>
 
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -117,7 +122,10 @@ class FaultTest : public ::testing::Test {
     }
   }
 
-  std::string DiskPath(const std::string& node_id) const { return dir_ + "/disk-" + node_id; }
+  std::string DiskPath(const std::string& node_id) const {
+    if (auto it = disk_paths_.find(node_id); it != disk_paths_.end()) return it->second;
+    return dir_ + "/disk-" + node_id;
+  }
 
   // Starts node-1..3; node_in_netns (1-based, 0 = none) runs inside netns_ and listens on its address.
   void StartCluster(int node_in_netns = 0) {
@@ -270,6 +278,7 @@ class FaultTest : public ::testing::Test {
   }
 
   std::string dir_;
+  std::map<std::string, std::string> disk_paths_;  // node id -> disk directory, when not under dir_
   int replays_ = 0;
   std::unique_ptr<NetnsLink> netns_;
   std::vector<std::unique_ptr<FaultServer>> servers_;
@@ -456,6 +465,95 @@ TEST_F(FaultTest, ServerRestartedWithAnEmptyDiskServesMissesNeverStaleBytes) {
   auto hits = ReadMetric(servers_[1]->metrics_address(), "kvtier_read_blocks_total", "result=\"hit\"");
   ASSERT_OK(hits);
   EXPECT_GT(*hits, 0);
+}
+
+// node-2's disk tier is on a 64 MiB tmpfs of its own; mid-replay a filler file takes every free byte of
+// it, later it is deleted. A full disk is not a failed server: no client error, no miss from error, no
+// wrong byte; node-2 serves on from host memory (the disk tier degraded-full, host evictions dropped),
+// and its disk tier resumes by itself once the space is back.
+class DiskFullFaultTest : public FaultTest {
+ protected:
+  void TearDown() override {
+    FaultTest::TearDown();
+    if (!volume_.empty()) {
+      umount2(volume_.c_str(), MNT_DETACH);
+      rmdir(volume_.c_str());
+    }
+  }
+  std::string volume_;
+};
+
+uint64_t VolumeFreeBytes(const std::string& dir) {
+  struct statvfs st {};
+  return statvfs(dir.c_str(), &st) == 0 ? static_cast<uint64_t>(st.f_bavail) * st.f_frsize : 0;
+}
+
+TEST_F(DiskFullFaultTest, TheDiskFillsUnderTraceReplayAndTheServerGoesOnFromMemoryThenResumes) {
+  char vol[] = "/tmp/kvtier-fault-vol-XXXXXX";
+  ASSERT_NE(mkdtemp(vol), nullptr);
+  if (mount("tmpfs", vol, "tmpfs", MS_NOSUID | MS_NODEV, "size=64m,mode=0700") != 0) {
+    const std::string why = strerror(errno);
+    rmdir(vol);
+    GTEST_SKIP() << "mounting a tmpfs is not permitted here (mount(2): " << why << "); needs CAP_SYS_ADMIN";
+  }
+  volume_ = vol;
+  disk_paths_["node-2"] = volume_ + "/db";
+  StartCluster();
+  const std::string filler = volume_ + "/filler";
+  const std::string metrics = servers_[1]->metrics_address();
+  auto state_is = [&](const char* state) {
+    auto v = ReadMetric(metrics, "kvtier_disk_tier_state", absl::StrCat("state=\"", state, "\""));
+    return v.ok() && *v == 1;
+  };
+  double hits_at_fault = 0, hits_at_heal = 0, refused_at_heal = 0, demotions_at_heal = 0;
+  bool full_at_heal = false;
+  FaultPlan plan{
+      .inject =
+          [&] {
+            auto hits = ReadMetric(metrics, "kvtier_read_blocks_total", "result=\"hit\"");
+            hits_at_fault = hits.ok() ? *hits : 0;
+            // Every free byte of the volume, as another writer on it would take them.
+            std::FILE* f = std::fopen(filler.c_str(), "wb");
+            if (f == nullptr) return absl::InternalError("cannot create the filler");
+            static const std::vector<char> chunk(1 << 20, 0);
+            while (VolumeFreeBytes(volume_) > 0 && std::fwrite(chunk.data(), 1, chunk.size(), f) > 0) {
+            }
+            std::fclose(f);
+            return absl::OkStatus();
+          },
+      .heal =
+          [&] {
+            full_at_heal = state_is("degraded-full");
+            auto hits = ReadMetric(metrics, "kvtier_read_blocks_total", "result=\"hit\"");
+            auto refused = ReadMetric(metrics, "kvtier_disk_spill_refused_total");
+            auto demoted = ReadMetric(metrics, "kvtier_tier_moves_total", "to=\"disk\"");
+            hits_at_heal = hits.ok() ? *hits : 0;
+            refused_at_heal = refused.ok() ? *refused : 0;
+            demotions_at_heal = demoted.ok() ? *demoted : 0;
+            std::error_code ec;
+            std::filesystem::remove(filler, ec);
+            return ec ? absl::InternalError(ec.message()) : absl::OkStatus();
+          },
+      .rejoined = [&] { return state_is("ok"); },
+  };
+  const FaultRun run = Replay(plan);
+  ExpectCorrectAndBounded(run, /*expect_misses_from_errors=*/false);
+  // The server never went away: not one miss from error or put error.
+  EXPECT_EQ(run.report["misses_from_errors"].get<int>(), 0);
+  EXPECT_EQ(run.report["put_errors"].get<int>(), 0);
+  EXPECT_TRUE(full_at_heal) << "node-2's disk tier should have been degraded-full while the volume was full";
+  EXPECT_GT(refused_at_heal, 0) << "host evictions should have been dropped, not spilled";
+  EXPECT_GT(hits_at_heal, hits_at_fault) << "node-2 stopped serving while its disk was full";
+  ASSERT_GT(run.rejoin_ms, 0) << "the disk tier never resumed";
+  EXPECT_LE(run.rejoin_ms - run.heal_ms, kRejoinWithinMs);
+  auto demoted = ReadMetric(metrics, "kvtier_tier_moves_total", "to=\"disk\"");
+  ASSERT_OK(demoted);
+  EXPECT_GT(*demoted, demotions_at_heal) << "nothing spilled to disk after the tier resumed";
+  std::fprintf(stderr,
+               "disk full: node-2 spills refused %.0f, read hits during the fault %.0f, disk tier ok %lld ms after "
+               "the filler was deleted, %.0f blocks spilled since\n",
+               refused_at_heal, hits_at_heal - hits_at_fault, static_cast<long long>(run.rejoin_ms - run.heal_ms),
+               *demoted - demotions_at_heal);
 }
 
 }  // namespace

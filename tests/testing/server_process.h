@@ -114,6 +114,18 @@ class ServerProcess {
   int health_port() const { return health_port_; }  // 0 without server.health_address
   const std::string& node_id() const { return node_id_; }
   pid_t pid() const { return pid_; }
+  // The server's stderr (its log), kept until this object is destroyed.
+  std::string log_path() const { return dir_ + "/server.log"; }
+  // True while the process runs (reaps it when it has exited).
+  bool Running() {
+    if (pid_ <= 0) return false;
+    int status = 0;
+    if (waitpid(pid_, &status, WNOHANG) == pid_) {
+      pid_ = -1;
+      return false;
+    }
+    return true;
+  }
 
  private:
   ServerProcess() = default;

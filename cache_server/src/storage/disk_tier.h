@@ -2,9 +2,11 @@
 #ifndef KVTIER_SERVER_SRC_STORAGE_DISK_TIER_H_
 #define KVTIER_SERVER_SRC_STORAGE_DISK_TIER_H_
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <string>
 #include <string_view>
@@ -33,36 +35,120 @@ bool DecodeDiskKey(std::string_view bytes, BlockKey* key);  // false: not a key
 std::string EncodeDiskBlockMeta(const DiskBlockMeta& meta);
 bool DecodeDiskBlockMeta(std::string_view bytes, DiskBlockMeta* meta);  // false: malformed (any input)
 
+// What the disk tier can do now (docs/config.md, "Disk tier states"):
+//   kOk        reads and writes (spill from host memory).
+//   kFull      "degraded-full": the volume's free space is under the floor (min_free_bytes); no new
+//              block is written (host evictions drop), reads and deletes go on.
+//   kReadOnly  "read-only": the database refuses writes (an I/O error, or it could only be opened read
+//              only); reads go on, nothing is written or deleted.
+//   kOff       "off": no database (it could not be opened, or was closed after an error); every block
+//              lives in memory only.
+// Every state but kOk is left by Probe() once the volume has room again.
+enum class DiskTierState : uint8_t { kOk = 0, kFull = 1, kReadOnly = 2, kOff = 3 };
+// "ok", "degraded-full", "read-only", "off".
+const char* DiskTierStateName(DiskTierState state);
+
+struct DiskTierOptions {
+  std::string path;  // the RocksDB directory; created when missing
+  // Writes stop while the volume has less than this free (statvfs f_bavail), and resume once it has
+  // 1.5x this. 0: the default, max(4 x the write buffer, min(volume / 8, 1 GiB)).
+  uint64_t min_free_bytes = 0;
+  // Where RocksDB's own info log goes: "" = its warnings and errors into the server's log (no file);
+  // a directory = a LOG file there, at most 4 files of 8 MiB.
+  std::string info_log_dir;
+};
+
+// Disk I/O errors by operation since creation (every one is also logged, rate limited).
+struct DiskErrorCounters {
+  std::atomic<uint64_t> open{0};
+  std::atomic<uint64_t> write{0};
+  std::atomic<uint64_t> read{0};
+  std::atomic<uint64_t> remove{0};
+  std::atomic<uint64_t> scan{0};
+};
+
 // Two column families in one RocksDB: "default" holds a 41-byte DiskBlockMeta per key, "blocks" the
 // payloads (blob files, no compression). Both records of a block are written in one WriteBatch, so a
 // process killed mid-write leaves either both or neither; a payload whose checksum fails is never
 // returned. Keys are the 32 fingerprint bytes then the shard as uint32 little-endian.
 // The WAL is on without fsync: a killed process loses nothing, a lost machine may lose recent writes.
-// Thread-safety: all methods may be called concurrently (RocksDB is thread-safe).
+// RocksDB's own files are bounded so that they cannot fill the volume unnoticed: small write buffers,
+// a WAL size limit, an SstFileManager capping the database below the volume's size less the floor, and
+// no info log on the volume unless info_log_dir says so. A full or failing volume never stops the
+// process: the tier changes state (state(), reason(); logged) and Probe() brings it back.
+// Thread-safety: all methods may be called concurrently.
 class DiskTier {
  public:
-  // Opens or creates the database at `path`. Errors: Internal (RocksDB could not open it).
+  // Opens or creates the database at `path` read-write with default options. Errors: Internal (RocksDB
+  // could not open it).
   static absl::StatusOr<std::unique_ptr<DiskTier>> Open(const std::string& path);
+  // Opens the database as well as the volume allows and never fails: read-write (kOk, or kFull when
+  // the volume is under its floor), else read-only (kReadOnly), else none (kOff). reason() says why.
+  static std::unique_ptr<DiskTier> OpenOrDegrade(const DiskTierOptions& options);
   ~DiskTier();
 
-  // Stores `bytes` (borrowed for the call) with `meta`. Errors: Internal (I/O).
+  // Stores `bytes` (borrowed for the call) with `meta`. Errors: FailedPrecondition (not kOk, or no
+  // room: the volume would go under its floor; the state becomes kFull), Internal (I/O; the state
+  // becomes kReadOnly or kFull).
   absl::Status Put(const BlockKey& key, const DiskBlockMeta& meta, std::span<const std::byte> bytes);
   // Reads the payload into `out` (exactly meta.size_bytes long) and verifies its checksum.
-  // Errors: NotFound (not on disk), DataLoss (size or checksum mismatch), Internal (I/O).
+  // Errors: NotFound (not on disk), DataLoss (size or checksum mismatch), Unavailable (kOff),
+  // Internal (I/O).
   absl::Status Get(const BlockKey& key, const DiskBlockMeta& meta, std::span<std::byte> out);
-  // Removes a block. Errors: Internal (I/O).
+  // Removes a block. Errors: FailedPrecondition (kReadOnly or kOff: nothing is written; the record
+  // stays until the next Reconcile), Internal (I/O).
   absl::Status Delete(const BlockKey& key);
   // Calls `visit` for every block's metadata (a scan of the small column family only).
-  // Errors: Internal (I/O); records that do not parse are deleted and counted in *bad (if given).
+  // Errors: Unavailable (kOff), Internal (I/O); records that do not parse are deleted (when
+  // writable) and counted in *bad (if given).
   absl::Status ForEach(const std::function<void(const BlockKey&, const DiskBlockMeta&)>& visit,
                        uint64_t* bad = nullptr);
   // Overwrites one byte of a stored payload (for tests of corruption detection). Errors: NotFound.
   absl::Status CorruptForTest(const BlockKey& key, uint64_t offset);
 
+  // True when a block of `bytes` may be written now: state kOk and the volume keeps its floor after
+  // it. Checks statvfs; when under the floor the state becomes kFull (logged).
+  bool HasRoomFor(uint64_t bytes);
+  // Leaves a degraded state when the volume has room again (free >= 1.5 x the floor): resumes the
+  // database (DB::Resume) or reopens it. Cheap when kOk (one statvfs, which may also enter kFull).
+  // Returns true when it opened a database that was not open read-write before (the caller then
+  // re-reads its records with ForEach).
+  bool Probe();
+
+  DiskTierState state() const { return state_.load(std::memory_order_relaxed); }
+  std::string reason() const;  // why the state is not kOk ("" when kOk)
+  const std::string& path() const { return options_.path; }
+  uint64_t volume_bytes() const { return volume_bytes_; }  // the volume's size at open (0: unknown)
+  uint64_t min_free_bytes() const { return min_free_bytes_; }
+  uint64_t free_bytes() const { return free_bytes_.load(std::memory_order_relaxed); }  // at the last check
+  const DiskErrorCounters& errors() const { return errors_; }
+  // Bytes of the database's files (SST, blob, WAL) as RocksDB's SstFileManager tracks them.
+  uint64_t database_bytes() const;
+
  private:
   struct Impl;
-  explicit DiskTier(std::unique_ptr<Impl> impl);
-  std::unique_ptr<Impl> impl_;
+  explicit DiskTier(const DiskTierOptions& options);
+  // Opens `impl_` read-write, else read-only; sets the state. Needs mu_.
+  void OpenLocked();
+  void CloseLocked();
+  void SetStateLocked(DiskTierState state, std::string reason);
+  // Logs an I/O error of operation `op` (rate limited), counts it and moves to the state it implies.
+  void OnIoErrorLocked(const char* op, std::atomic<uint64_t>& counter, const absl::Status& s, bool write);
+  // statvfs of the volume; false when it cannot be read.
+  bool RefreshFree();
+
+  DiskTierOptions options_;
+  uint64_t volume_bytes_ = 0;
+  uint64_t min_free_bytes_ = 0;
+  uint64_t write_buffer_bytes_ = 0;
+  std::atomic<uint64_t> free_bytes_{0};
+  std::atomic<DiskTierState> state_{DiskTierState::kOff};
+  DiskErrorCounters errors_;
+  mutable std::mutex mu_;
+  std::string reason_;           // guarded by mu_
+  std::unique_ptr<Impl> impl_;   // guarded by mu_; null when kOff
+  bool read_only_open_ = false;  // guarded by mu_; impl_ was opened read-only
+  bool reported_ = false;        // guarded by mu_; the first state was logged
 };
 
 }  // namespace kvtier::server

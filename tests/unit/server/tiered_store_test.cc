@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <thread>
 #include <vector>
 
@@ -237,6 +238,94 @@ TEST(DiskTierTest, ProcessKilledMidWriteNeverLeavesAHalfWrittenBlock) {
   EXPECT_GT(blocks, 0u) << "the writer wrote nothing in 300 ms";
   disk->reset();
   std::filesystem::remove_all(dir);
+}
+
+// A volume under the disk tier's floor (here a floor above any volume's size): the tier says
+// degraded-full, host evictions are dropped and counted instead of spilled, memory keeps serving, and
+// the probe leaves it so while there is no room.
+TEST_F(TieredStoreTest, DiskUnderItsFreeSpaceFloorDropsHostEvictionsAndSaysDegradedFull) {
+  auto s = BlockStore::Create({.capacity_bytes = 4 * kBlock,
+                               .slab_bytes = 4 * kBlock,
+                               .disk_path = dir_.string(),
+                               .disk_capacity_bytes = 64 * kBlock,
+                               .disk_min_free_bytes = 1ULL << 60});
+  ASSERT_OK(s);
+  store_ = std::move(s).value();
+  EXPECT_EQ(store_->disk_status().state, "degraded-full");
+  EXPECT_NE(store_->disk_status().reason, "");
+  EXPECT_EQ(store_->disk_status().min_free_bytes, 1ULL << 60);
+  for (uint32_t n = 0; n < 10; ++n) Put(n);
+  EXPECT_EQ(store_->stats().disk_blocks.load(), 0u);
+  EXPECT_EQ(store_->stats().demotions.load(), 0u);
+  EXPECT_EQ(store_->stats().disk_spill_refused.load(), 6u);
+  EXPECT_EQ(store_->stats().disk_errors.load(), 0u);
+  for (uint32_t n = 6; n < 10; ++n) EXPECT_EQ(Read(n), Payload(n)) << n;  // host memory serves on
+  store_->ProbeDisk();
+  EXPECT_EQ(store_->disk_status().state, "degraded-full");
+}
+
+// A disk directory that cannot be created (a regular file is in its way): the store comes up with the
+// disk tier off and serves from memory; once the path is usable the probe opens the database and the
+// tier is ok and spills again.
+TEST_F(TieredStoreTest, DiskThatCannotBeOpenedIsOffUntilTheProbeOpensIt) {
+  std::filesystem::create_directories(dir_);
+  const std::filesystem::path blocker = dir_ / "blocker";
+  { std::ofstream(blocker) << "not a directory"; }
+  auto s = BlockStore::Create({.capacity_bytes = 2 * kBlock,
+                               .slab_bytes = 2 * kBlock,
+                               .disk_path = (blocker / "db").string(),
+                               .disk_capacity_bytes = 64 * kBlock});
+  ASSERT_OK(s) << "a disk tier that cannot be opened must not stop the store";
+  store_ = std::move(s).value();
+  EXPECT_EQ(store_->disk_status().state, "off");
+  EXPECT_NE(store_->disk_status().reason, "");
+  EXPECT_GE(store_->disk_status().open_errors, 1u);
+  for (uint32_t n = 0; n < 4; ++n) Put(n);
+  EXPECT_EQ(store_->stats().disk_blocks.load(), 0u);
+  EXPECT_EQ(Read(3), Payload(3));
+  store_->ProbeDisk();
+  EXPECT_EQ(store_->disk_status().state, "off");
+
+  std::filesystem::remove(blocker);
+  store_->ProbeDisk();
+  EXPECT_EQ(store_->disk_status().state, "ok") << store_->disk_status().reason;
+  for (uint32_t n = 10; n < 14; ++n) Put(n);
+  EXPECT_GT(store_->stats().demotions.load(), 0u);
+  EXPECT_GT(store_->stats().disk_blocks.load(), 0u);
+  for (uint32_t n = 10; n < 14; ++n) EXPECT_EQ(Read(n), Payload(n)) << n;
+}
+
+// A database the store can only open read-only (another process holds its lock; a full volume does the
+// same): the tier says read-only, its blocks are served, host evictions are dropped and nothing is
+// written; once the lock is free the probe reopens it read-write, reconciles the index with what is on
+// disk, and spills go on.
+TEST_F(TieredStoreTest, ReadOnlyOpenServesDiskBlocksAndTheProbeReopensReadWrite) {
+  Open(2, 16);
+  for (uint32_t n = 0; n < 6; ++n) Put(n);
+  ASSERT_EQ(store_->stats().disk_blocks.load(), 4u);
+  store_.reset();
+  // Another process holds the database's lock: the read-write open fails, the read-only one works.
+  auto holder = DiskTier::Open(dir_.string());
+  ASSERT_OK(holder);
+  Open(2, 16);
+  EXPECT_EQ(store_->disk_status().state, "read-only") << store_->disk_status().reason;
+  EXPECT_EQ(store_->stats().disk_blocks.load(), 4u);
+  EXPECT_EQ(Read(0), Payload(0));             // served from the read-only database, moved to memory
+  for (uint32_t n = 20; n < 24; ++n) Put(n);  // host evictions are dropped, not written
+  EXPECT_GT(store_->stats().disk_spill_refused.load(), 0u);
+  EXPECT_EQ(store_->stats().disk_errors.load(), 0u);
+  holder->reset();
+  store_->ProbeDisk();
+  EXPECT_EQ(store_->disk_status().state, "ok") << store_->disk_status().reason;
+  for (uint32_t n = 1; n < 4; ++n) {
+    const std::vector<std::byte> got = Read(n);
+    if (!got.empty()) {
+      EXPECT_EQ(got, Payload(n)) << n;
+    }
+  }
+  for (uint32_t n = 30; n < 36; ++n) Put(n);
+  EXPECT_GT(store_->stats().demotions.load(), 0u);
+  EXPECT_EQ(store_->stats().disk_errors.load(), 0u);
 }
 
 }  // namespace

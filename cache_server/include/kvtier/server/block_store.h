@@ -53,7 +53,11 @@ struct BlockStoreOptions {
   // Disk tier (RocksDB). Empty path: no disk tier, host evictions drop blocks.
   std::string disk_path;
   uint64_t disk_capacity_bytes = 0;  // budget on logical block bytes; > 0 when disk_path is set
-  bool promote_on_hit = true;        // a read of a disk block moves it back to host memory
+  // The disk tier stops spilling while its volume has less than this free, and resumes at 1.5x this.
+  // 0: max(4 x RocksDB's write buffer, min(volume / 8, 1 GiB)). See docs/config.md, "The disk budget".
+  uint64_t disk_min_free_bytes = 0;
+  std::string disk_info_log_dir;  // RocksDB's info log: "" = into the server's log; else a directory
+  bool promote_on_hit = true;     // a read of a disk block moves it back to host memory
   // HBM tier above host memory: its device memory (shared so a transport may keep it alive); null = no
   // HBM tier. Slots are carved from it by slab_bytes, like the host tier's.
   std::shared_ptr<DeviceTierMemory> hbm_memory;
@@ -122,6 +126,7 @@ struct BlockStoreStats {
   std::atomic<uint64_t> disk_evictions{0};          // dropped from disk
   std::atomic<uint64_t> disk_checksum_failures{0};  // disk reads whose bytes failed: dropped, never served
   std::atomic<uint64_t> disk_errors{0};             // disk I/O errors (the block is dropped or not demoted)
+  std::atomic<uint64_t> disk_spill_refused{0};      // host evictions dropped: the disk tier was not writable
   std::atomic<uint64_t> recovered_blocks{0};        // found on disk at start
   std::atomic<uint64_t> slab_moves{0};              // slabs emptied and returned to the pool (any size)
   std::atomic<uint64_t> defrag_moved_blocks{0};     // blocks moved between slots by Defragment()
@@ -130,6 +135,18 @@ struct BlockStoreStats {
   std::atomic<uint64_t> hbm_promotions{0};          // host -> HBM
   std::atomic<uint64_t> hbm_demotions{0};           // HBM -> host
   std::atomic<uint64_t> hbm_errors{0};              // device copies that failed (the block is dropped or not moved)
+};
+
+// The disk tier as an operator sees it (BlockStore::disk_status()).
+struct DiskTierStatus {
+  std::string state;            // "ok", "degraded-full", "read-only", "off" (docs/config.md, "Disk tier states")
+  std::string reason;           // why it is not "ok"; "" when it is
+  uint64_t volume_bytes = 0;    // size of the disk directory's volume at start (0: unknown)
+  uint64_t free_bytes = 0;      // free on that volume at the last check
+  uint64_t min_free_bytes = 0;  // the floor under which nothing is written
+  uint64_t database_bytes = 0;  // RocksDB's files (SST, blob), as its SstFileManager counts them
+  // I/O errors by operation (also logged with the operation and path, rate limited).
+  uint64_t open_errors = 0, write_errors = 0, read_errors = 0, delete_errors = 0, scan_errors = 0;
 };
 
 // Per-block answer of AcquireRead.
@@ -148,7 +165,9 @@ struct ReadBlockInfo {
 // promote_on_hit, moves it back to host memory. Every move between tiers verifies the checksum of the
 // bytes that arrived; a read served from HBM copies the block to host memory for the lease and verifies
 // it there. Disk blocks survive a restart (recovered in Create).
-// Disk I/O currently runs under the store's lock. A block becomes visible only after Commit verified its checksum; a
+// Disk I/O currently runs under the store's lock. A disk tier that is full or failing (DiskTierStatus) never fails the
+// store: host evictions then drop instead of spilling, reads of disk blocks that cannot be read are misses, and
+// ProbeDisk() brings the tier back. A block becomes visible only after Commit verified its checksum; a
 // leased block is never evicted or reused; a reservation that is not committed within reservation_ttl returns its
 // slots. Capacity: slots come from a SlabAllocator of capacity_bytes, so usage never exceeds it; when no unleased block
 // can be evicted, Allocate reports kNoSpace for that key (a rejection). Payload copies (Write, CopyOut) and checksums
@@ -376,7 +395,16 @@ class BlockStore {
   uint64_t hbm_capacity_bytes() const { return hbm_memory_ != nullptr ? hbm_allocator_->capacity_bytes() : 0; }
   // "cuda:0 22.0 GiB", or "" without an HBM tier.
   std::string hbm_description() const { return hbm_memory_ != nullptr ? hbm_memory_->Describe() : std::string(); }
-  uint64_t disk_capacity_bytes() const { return disk_ != nullptr ? options_.disk_capacity_bytes : 0; }
+  // The disk budget in force: disk_capacity_bytes, at most half of (the volume's size less the floor)
+  // (docs/config.md, "The disk budget"); 0 without a disk tier.
+  uint64_t disk_capacity_bytes() const { return disk_ != nullptr ? disk_capacity_ : 0; }
+  // The disk tier's state, volume and per-operation errors; a default (empty) status without a disk
+  // tier. Thread-safe.
+  DiskTierStatus disk_status() const;
+  // Checks the disk tier's volume and leaves a degraded state once it has room again (DB::Resume or a
+  // reopen; blocks found on a reopened database are indexed again, stale copies deleted). The server
+  // calls it every disk_tier.probe_interval. No-op without a disk tier. Thread-safe.
+  void ProbeDisk();
   const char* eviction_policy_name() const { return policy_->name(); }
 
   // Overwrites one byte of a committed block in place, bypassing every check. Test builds use it to
@@ -433,10 +461,14 @@ class BlockStore {
   void DemoteOrDropLocked(EntryHandle h);
   // Makes room for `bytes` on disk by dropping unleased disk blocks. False when it cannot.
   bool MakeDiskRoomLocked(uint64_t bytes);
+  // Counts a failed disk delete as a disk error, unless the tier only could not write at the time.
+  void CountDiskDelete(const absl::Status& s);
   // Reads a disk block into host memory (promote) or into `owned`. False (and the entry dropped when
   // its bytes are bad) on failure.
   bool LoadFromDiskLocked(EntryHandle h, std::vector<std::byte>* owned);
   absl::Status RecoverDiskLocked();
+  // After a reopen: indexes records the index lacks, deletes disk copies of blocks now in memory.
+  void ReconcileDiskLocked();
   EvictionPolicy& PolicyOf(const Entry& e) {
     return e.tier == Tier::kHost ? *policy_ : e.tier == Tier::kDisk ? *disk_policy_ : *hbm_policy_;
   }
@@ -490,6 +522,7 @@ class BlockStore {
   std::unique_ptr<EvictionPolicy> policy_;        // host entries
   std::unique_ptr<EvictionPolicy> disk_policy_;   // disk entries
   std::unique_ptr<DiskTier> disk_;                // null without a disk tier
+  uint64_t disk_capacity_ = 0;                    // the budget in force (disk_capacity_bytes())
   std::shared_ptr<DeviceTierMemory> hbm_memory_;  // null without an HBM tier
   std::unique_ptr<SlabAllocator> hbm_allocator_;  // offsets into hbm_memory_
   std::unique_ptr<EvictionPolicy> hbm_policy_;    // HBM entries

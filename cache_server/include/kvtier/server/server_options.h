@@ -42,6 +42,11 @@ struct ServerOptions {
   std::string disk_path;                                // RocksDB directory of the disk tier; empty = none
   uint64_t disk_capacity_bytes = 0;                     // budget on logical bytes on disk (docs/config.md)
   bool promote_on_hit = true;                           // a hit on disk moves the block back to host memory
+  // The disk tier stops spilling while its volume has less free than this, and resumes at 1.5x it;
+  // 0 = max(4 x RocksDB's write buffer, min(volume / 8, 1 GiB)) (docs/config.md, "The disk budget").
+  uint64_t disk_min_free_bytes = 0;
+  std::string disk_info_log_dir;                          // RocksDB's info log: "" = the server's log
+  absl::Duration disk_probe_interval = absl::Seconds(1);  // how often a degraded disk tier is retried
   // HBM tier (docs/config.md `hbm_tier`): hbm_memory_ratio x the device's free memory at start, at most
   // hbm_max_bytes (0 = no cap), on CUDA device hbm_device. 0 = no HBM tier. When > 0 and no CUDA device
   // is usable (or the build has no CUDA), the server logs why and runs without it. When a device is

@@ -1,0 +1,371 @@
+// A full disk tier degrades a real kvtier-server to its memory tiers and never takes it down: the disk
+// directory is on a small tmpfs this test mounts (mount(2); skipped where that is not permitted), the
+// server is filled under load past what the volume holds and restarted on the full volume, and once a
+// filler file is deleted the disk tier comes back by itself.
+#include <fcntl.h>
+#include <sys/mount.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "integration/kvtierctl_runner.h"
+#include "kvtier/client/client.h"
+#include "kvtier/common/fingerprint.h"
+#include "kvtier/v1/admin.grpc.pb.h"
+#include "testing/scrape_metrics.h"
+#include "testing/server_process.h"
+#include "testing/status_matchers.h"
+
+namespace kvtier {
+namespace {
+
+using client::Client;
+using client::GetResult;
+using client::PutResult;
+using testing::ServerProcess;
+
+constexpr uint64_t kMiB = 1ULL << 20;
+constexpr uint64_t kVolumeBytes = 64 * kMiB;
+constexpr uint64_t kBlockBytes = 64 << 10;
+constexpr size_t kChainBlocks = 10;  // blocks per prompt (one put each)
+
+// A layout whose shard is exactly kBlockBytes: MLA, fp8, one layer, one token per block.
+Namespace DiskNamespace() {
+  Namespace ns;
+  ns.tenant = "acme";
+  ns.model = "disk-full";
+  ns.layout = {.kind = LayoutKind::kMla,
+               .dtype = DType::kFp8E4m3,
+               .num_layers = 1,
+               .latent_dim = static_cast<uint32_t>(kBlockBytes),
+               .block_tokens = 1,
+               .tp_size = 1};
+  return ns;
+}
+
+// Bytes derived from the fingerprint, so that a wrong block cannot pass for the right one.
+std::vector<std::byte> Payload(const Fingerprint& fp) {
+  std::vector<std::byte> b(kBlockBytes);
+  uint64_t x = fp.RingPosition() | 1;
+  for (size_t i = 0; i + 8 <= b.size(); i += 8) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    std::memcpy(&b[i], &x, 8);
+  }
+  return b;
+}
+
+// Prompt `seed`'s kChainBlocks fingerprints (distinct seeds: distinct blocks).
+std::vector<Fingerprint> Chain(const Namespace& ns, uint32_t seed) {
+  std::vector<uint32_t> tokens(kChainBlocks);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = seed * 7919 + static_cast<uint32_t>(i) * 31 + 1;
+  auto fps = ChainFingerprints(ns, tokens);
+  return fps.ok() ? *fps : std::vector<Fingerprint>{};
+}
+
+uint64_t VolumeFree(const std::string& dir) {
+  struct statvfs st {};
+  if (statvfs(dir.c_str(), &st) != 0) return 0;
+  return static_cast<uint64_t>(st.f_bavail) * st.f_frsize;
+}
+
+// Appends zeros to `path` until the volume has at most `leave` bytes free (0: until it is full).
+void Fill(const std::string& path, uint64_t leave) {
+  const int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+  ASSERT_GE(fd, 0) << strerror(errno);
+  const std::vector<char> chunk(256 << 10, 0);
+  const std::string dir = std::filesystem::path(path).parent_path();
+  while (VolumeFree(dir) > leave) {
+    const uint64_t want = std::min<uint64_t>(chunk.size(), VolumeFree(dir) - leave);
+    const ssize_t n = write(fd, chunk.data(), want);
+    if (n <= 0) break;  // ENOSPC: full
+  }
+  close(fd);
+}
+
+struct Tally {
+  uint64_t stored = 0, hits = 0, misses = 0, wrong = 0, errors = 0;
+};
+
+class DiskFullTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char dir[] = "/tmp/kvtier-disk-full-XXXXXX";
+    ASSERT_NE(mkdtemp(dir), nullptr);
+    mount_ = dir;
+    if (mount("tmpfs", mount_.c_str(), "tmpfs", MS_NOSUID | MS_NODEV, "size=64m,mode=0700") != 0) {
+      const std::string why = strerror(errno);
+      rmdir(mount_.c_str());
+      mount_.clear();
+      GTEST_SKIP() << "mounting a 64 MiB tmpfs is not permitted here (mount(2): " << why
+                   << "); the test needs root with CAP_SYS_ADMIN";
+    }
+    mounted_ = true;
+    ASSERT_NEAR(static_cast<double>(VolumeFree(mount_)), static_cast<double>(kVolumeBytes), 1.0 * kMiB);
+  }
+  void TearDown() override {
+    server_.reset();
+    if (mounted_ && umount2(mount_.c_str(), MNT_DETACH) != 0) {
+      ADD_FAILURE() << "umount " << mount_ << ": " << strerror(errno);
+    }
+    if (!mount_.empty()) rmdir(mount_.c_str());
+  }
+
+  std::vector<std::string> ServerArgs() const {
+    return {"--host_cache_bytes=4MiB", "--slab_bytes=256KiB", "--max_block_bytes=256KiB",
+            "--disk_path=" + mount_ + "/db", "--disk_capacity_bytes=1GiB"};
+  }
+
+  void StartServer() {
+    auto s = ServerProcess::Start("disk-full", ServerArgs());
+    ASSERT_OK(s) << "kvtier-server did not come up on the volume";
+    server_ = *std::move(s);
+    admin_ = v1::AdminService::NewStub(grpc::CreateChannel(server_->address(), grpc::InsecureChannelCredentials()));
+    auto c = Client::Connect({.members = {server_->address()}, .rpc_timeout = absl::Seconds(10)});
+    ASSERT_OK(c);
+    client_ = *std::move(c);
+  }
+
+  // The disk tier's entry of GetInfo (state, reason, free bytes); an empty one when it fails.
+  v1::TierInfo DiskInfo() {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    v1::GetInfoRequest req;
+    v1::GetInfoResponse resp;
+    if (!admin_->GetInfo(&ctx, req, &resp).ok()) return {};
+    for (const v1::TierInfo& t : resp.tiers()) {
+      if (t.tier() == "disk") return t;
+    }
+    return {};
+  }
+  v1::GetStatsResponse Stats() {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    v1::GetStatsRequest req;
+    v1::GetStatsResponse resp;
+    EXPECT_TRUE(admin_->GetStats(&ctx, req, &resp).ok());
+    return resp;
+  }
+  double Metric(const std::string& series) {
+    return testing::MetricValue(testing::ScrapeMetrics(server_->metrics_port()), series);
+  }
+  // Polls (every 200 ms, up to `timeout`) until the disk tier reports `state`.
+  bool WaitForState(const std::string& state, absl::Duration timeout) {
+    const absl::Time deadline = absl::Now() + timeout;
+    while (absl::Now() < deadline) {
+      if (DiskInfo().state() == state) return true;
+      absl::SleepFor(absl::Milliseconds(200));
+    }
+    return false;
+  }
+
+  // Puts prompts [first, first + count) and counts what was stored.
+  void PutPrompts(uint32_t first, uint32_t count, Tally* t) {
+    const Namespace ns = DiskNamespace();
+    for (uint32_t p = first; p < first + count; ++p) {
+      const std::vector<Fingerprint> fps = Chain(ns, p);
+      std::vector<std::vector<std::byte>> data;
+      for (const auto& fp : fps) data.push_back(Payload(fp));
+      std::vector<std::span<const std::byte>> in(data.begin(), data.end());
+      auto put = client_->Put(ns, fps, 0, in);
+      ASSERT_OK(put);
+      for (PutResult r : *put) {
+        if (r == PutResult::kStored || r == PutResult::kAlreadyPresent) ++t->stored;
+        if (r == PutResult::kError) ++t->errors;
+      }
+    }
+  }
+  // Gets prompts [first, first + count): every block is the right bytes or a miss.
+  void GetPrompts(uint32_t first, uint32_t count, Tally* t) {
+    const Namespace ns = DiskNamespace();
+    for (uint32_t p = first; p < first + count; ++p) {
+      const std::vector<Fingerprint> fps = Chain(ns, p);
+      std::vector<std::vector<std::byte>> out(fps.size(), std::vector<std::byte>(kBlockBytes));
+      std::vector<std::span<std::byte>> views(out.begin(), out.end());
+      auto got = client_->Get(ns, fps, 0, views);
+      ASSERT_OK(got);
+      for (size_t i = 0; i < fps.size(); ++i) {
+        switch ((*got)[i]) {
+          case GetResult::kHit:
+            ++t->hits;
+            if (out[i] != Payload(fps[i])) ++t->wrong;
+            break;
+          case GetResult::kMiss:
+            ++t->misses;
+            break;
+          default:
+            ++t->errors;
+        }
+      }
+    }
+  }
+
+  std::string ServerLog() const {
+    std::ifstream in(server_->log_path());
+    std::stringstream s;
+    s << in.rdbuf();
+    return s.str();
+  }
+
+  std::string mount_;
+  bool mounted_ = false;
+  std::unique_ptr<ServerProcess> server_;
+  std::unique_ptr<v1::AdminService::Stub> admin_;
+  std::unique_ptr<Client> client_;
+};
+
+// (a) Filling under load: 1,100 distinct 64 KiB blocks (69 MiB, more than the 64 MiB volume), then a
+// filler file that takes the volume under its floor while 300 more arrive. The server stays up, every
+// get is the right bytes or a miss, the disk tier says degraded-full (GetInfo, kvtierctl status, the
+// kvtier_disk_tier_state gauge, the log) and host evictions are dropped instead of spilled.
+TEST_F(DiskFullTest, FillingTheVolumeUnderLoadDegradesToMemoryNeverCrashes) {
+  StartServer();
+  ASSERT_EQ(DiskInfo().state(), "ok");
+  Tally put1;
+  PutPrompts(0, 110, &put1);  // 1,100 blocks
+  ASSERT_TRUE(server_->Running()) << "the server died filling its disk:\n" << ServerLog();
+  EXPECT_EQ(put1.errors, 0u);
+  EXPECT_EQ(put1.stored, 1100u);
+  const v1::GetStatsResponse s1 = Stats();
+  EXPECT_GT(s1.demotions(), 0u) << "nothing spilled to disk";
+  EXPECT_GT(s1.disk_blocks(), 0u);
+  // The budget in force is bounded by the volume: half of (64 MiB less the floor).
+  EXPECT_LE(s1.disk_capacity_bytes(), kVolumeBytes / 2);
+  EXPECT_LE(s1.disk_bytes(), s1.disk_capacity_bytes());
+  std::fprintf(
+      stderr, "after 1,100 puts: %llu on disk (%llu bytes of a %llu budget), %llu demoted, state %s, %.1f MiB free\n",
+      static_cast<unsigned long long>(s1.disk_blocks()), static_cast<unsigned long long>(s1.disk_bytes()),
+      static_cast<unsigned long long>(s1.disk_capacity_bytes()), static_cast<unsigned long long>(s1.demotions()),
+      s1.disk_state().c_str(), static_cast<double>(VolumeFree(mount_)) / kMiB);
+
+  // Something else takes the volume: 1 MiB left, under the floor.
+  Fill(mount_ + "/filler", 1 * kMiB);
+  Tally put2;
+  PutPrompts(110, 30, &put2);  // 300 blocks more: host evictions find the disk full
+  ASSERT_TRUE(server_->Running()) << "the server died on a full disk:\n" << ServerLog();
+  EXPECT_EQ(put2.errors, 0u);
+  EXPECT_EQ(put2.stored, 300u);
+  const v1::TierInfo disk = DiskInfo();
+  EXPECT_EQ(disk.state(), "degraded-full") << disk.state_reason();
+  EXPECT_NE(disk.state_reason(), "");
+  EXPECT_LT(disk.volume_free_bytes(), disk.min_free_bytes());
+  const v1::GetStatsResponse s2 = Stats();
+  EXPECT_GT(s2.disk_spill_refused(), 0u) << "host evictions should have been dropped, not spilled";
+  EXPECT_EQ(Metric("kvtier_disk_tier_state{state=\"degraded-full\"}"), 1);
+  EXPECT_EQ(Metric("kvtier_disk_tier_state{state=\"ok\"}"), 0);
+  EXPECT_GT(Metric("kvtier_disk_spill_refused_total"), 0);
+  EXPECT_NE(ServerLog().find("-> degraded-full"), std::string::npos) << ServerLog();
+
+  // Every block is the right bytes or a miss; the newest are served from memory, older ones from disk.
+  Tally got;
+  GetPrompts(0, 140, &got);
+  EXPECT_EQ(got.wrong, 0u);
+  EXPECT_EQ(got.errors, 0u);
+  EXPECT_GT(got.hits, 0u);
+  EXPECT_EQ(client_->stats().checksum_failures.load(), 0u);
+  ASSERT_TRUE(server_->Running()) << ServerLog();
+  std::fprintf(stderr, "full volume: %llu spills refused; gets of 1,400: %llu hits, %llu misses, %llu wrong\n",
+               static_cast<unsigned long long>(s2.disk_spill_refused()), static_cast<unsigned long long>(got.hits),
+               static_cast<unsigned long long>(got.misses), static_cast<unsigned long long>(got.wrong));
+
+  // What the operator reads in the log.
+  std::istringstream log(ServerLog());
+  for (std::string line; std::getline(log, line);) {
+    if (line.find("disk tier") != std::string::npos) std::fprintf(stderr, "server log: %s\n", line.c_str());
+  }
+
+  // kvtierctl status says it, with the reason, in the table and in JSON.
+  const testing::CtlResult table = testing::RunCtl(absl::StrCat("--members ", server_->address(), " status"));
+  EXPECT_EQ(table.exit_code, 0) << table.output;
+  EXPECT_NE(table.output.find("DISK STATE"), std::string::npos) << table.output;
+  EXPECT_NE(table.output.find("disk tier degraded-full: "), std::string::npos) << table.output;
+  const testing::CtlResult json = testing::RunCtl(absl::StrCat("--members ", server_->address(), " status --json"));
+  const nlohmann::json j = testing::ParseJson(json.output);
+  ASSERT_FALSE(j.is_discarded()) << json.output;
+  bool seen = false;
+  for (const auto& t : j["members"][0]["tiers"]) {
+    if (t["tier"] == "disk") {
+      seen = true;
+      EXPECT_EQ(t["state"], "degraded-full");
+      EXPECT_NE(t["state_reason"], "");
+    }
+  }
+  EXPECT_TRUE(seen) << json.output;
+}
+
+// (b) A restart on a volume with no byte free comes up and serves from memory, the disk tier not ok
+// (degraded-full, read-only or off: whatever the volume allowed) and saying why; (c) once the filler is
+// deleted the tier resumes by itself (the probe, every second) and new blocks spill to disk again.
+TEST_F(DiskFullTest, RestartOnAFullVolumeServesFromMemoryAndTheDiskTierResumesWhenSpaceReturns) {
+  StartServer();
+  Tally before;
+  PutPrompts(0, 20, &before);  // 200 blocks: most of them spill
+  ASSERT_GT(Stats().disk_blocks(), 0u);
+  server_->KillAndWait(SIGKILL);
+
+  Fill(mount_ + "/filler", 0);  // not a byte left
+  ASSERT_LT(VolumeFree(mount_), 64u << 10);
+  StartServer();
+  ASSERT_TRUE(server_->Running()) << ServerLog();
+  const v1::TierInfo disk = DiskInfo();
+  EXPECT_NE(disk.state(), "ok") << "a volume with no free byte cannot take a spill";
+  EXPECT_NE(disk.state(), "");
+  EXPECT_NE(disk.state_reason(), "");
+  std::fprintf(stderr, "restart on the full volume: disk tier %s (%s)\n", disk.state().c_str(),
+               disk.state_reason().c_str());
+  EXPECT_EQ(Metric(absl::StrCat("kvtier_disk_tier_state{state=\"", disk.state(), "\"}")), 1);
+  // It serves from memory: 40 new blocks (host memory holds 64) come back byte for byte.
+  Tally fresh_put, fresh_get, old_get;
+  PutPrompts(100, 4, &fresh_put);
+  EXPECT_EQ(fresh_put.stored, 40u);
+  GetPrompts(100, 4, &fresh_get);
+  EXPECT_EQ(fresh_get.hits, 40u);
+  EXPECT_EQ(fresh_get.wrong, 0u);
+  // What it had on disk is the right bytes or a miss.
+  GetPrompts(0, 20, &old_get);
+  EXPECT_EQ(old_get.wrong, 0u);
+  EXPECT_EQ(old_get.errors, 0u);
+  ASSERT_TRUE(server_->Running()) << ServerLog();
+  const uint64_t demotions_full = Stats().demotions();
+
+  // Space returns: the tier is ok again without a restart, and spills again.
+  ASSERT_TRUE(std::filesystem::remove(mount_ + "/filler"));
+  const absl::Time freed = absl::Now();
+  ASSERT_TRUE(WaitForState("ok", absl::Seconds(30)))
+      << "the disk tier stayed " << DiskInfo().state() << ": " << DiskInfo().state_reason() << "\n"
+      << ServerLog();
+  std::fprintf(stderr, "disk tier ok again %.1f s after the filler was deleted\n",
+               absl::ToDoubleSeconds(absl::Now() - freed));
+  EXPECT_EQ(Metric("kvtier_disk_tier_state{state=\"ok\"}"), 1);
+  Tally resumed_put, resumed_get;
+  PutPrompts(200, 15, &resumed_put);  // 150 blocks: more than host memory holds
+  EXPECT_EQ(resumed_put.stored, 150u);
+  const v1::GetStatsResponse s = Stats();
+  EXPECT_GT(s.demotions(), demotions_full) << "nothing spilled after the tier resumed";
+  EXPECT_GT(s.disk_blocks(), 0u);
+  EXPECT_EQ(s.disk_state(), "ok");
+  GetPrompts(200, 15, &resumed_get);
+  EXPECT_EQ(resumed_get.wrong, 0u);
+  EXPECT_EQ(resumed_get.errors, 0u);
+  EXPECT_EQ(resumed_get.hits, 150u) << "the blocks spilled after the resume should all be served";
+  EXPECT_EQ(client_->stats().checksum_failures.load(), 0u);
+  ASSERT_TRUE(server_->Running()) << ServerLog();
+}
+
+}  // namespace
+}  // namespace kvtier
