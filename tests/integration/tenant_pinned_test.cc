@@ -5,6 +5,7 @@
 // counted under the first tenant's name; with the bound lifted (share 1) the same load pins the tier
 // and the puts are refused, which is what the bound is for.
 #include <atomic>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -136,6 +137,9 @@ Outcome RunGreedyAgainstSteady(double tenant_pinned_share) {
   out.lookups = lookups.load();
   out.pinned_refusals = testing::MetricValue(testing::ScrapeMetrics((*server)->metrics_port()),
                                              "kvtier_lease_refusals_total{tenant=\"greedy\",reason=\"pinned_bound\"}");
+  std::printf(
+      "tenant_pinned_share %.2f: steady put %zu stored, %zu refused; greedy took %zu leases, %.0f blocks refused\n",
+      tenant_pinned_share, out.stored, out.refused, out.lookups, out.pinned_refusals);
   std::error_code ignored;
   std::filesystem::remove_all(dir, ignored);
   return out;
