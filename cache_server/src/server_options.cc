@@ -279,6 +279,7 @@ const std::map<std::string, std::map<std::string, Setter>>& Schema() {
         {"vllm_topic", String(&ServerOptions::events_vllm_topic)},
         {"vllm_block_size", Count(&ServerOptions::events_vllm_block_size)},
         {"vllm_block_hash", String(&ServerOptions::events_vllm_block_hash)},
+        {"vllm_encoding", String(&ServerOptions::events_vllm_encoding)},
         {"vllm_data_parallel_rank", Count(&ServerOptions::events_vllm_data_parallel_rank)}}},
       {"eviction",
        {{"policy", String(&ServerOptions::eviction_policy)},
@@ -453,6 +454,9 @@ absl::Status ServerOptions::Validate() const {
       if (events_vllm_block_size == 0) return Bad("events.vllm_block_size", "must be > 0");
       if (events_vllm_block_hash != "int" && events_vllm_block_hash != "bytes") {
         return Bad("events.vllm_block_hash", absl::StrCat("\"", events_vllm_block_hash, "\" is not int or bytes"));
+      }
+      if (events_vllm_encoding != "array" && events_vllm_encoding != "map") {
+        return Bad("events.vllm_encoding", absl::StrCat("\"", events_vllm_encoding, "\" is not array or map"));
       }
     }
   }

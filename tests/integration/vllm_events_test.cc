@@ -102,6 +102,8 @@ uint64_t IntHash(const Fingerprint& fp) {
 
 class VllmEventsTest : public ::testing::Test {
  protected:
+  virtual std::string Format() const { return "  format: both\n"; }
+
   void SetUp() override {
     pub_port_ = FreePort();
     replay_port_ = FreePort();
@@ -111,7 +113,8 @@ class VllmEventsTest : public ::testing::Test {
     char dir[] = "/tmp/kvtier-vllm-events-XXXXXX";
     ASSERT_NE(mkdtemp(dir), nullptr);
     config_ = std::string(dir) + "/server.yaml";
-    std::ofstream(config_) << "events:\n  enabled: true\n  format: both\n  pub_endpoint: tcp://127.0.0.1:0\n"
+    std::ofstream(config_) << "events:\n  enabled: true\n"
+                           << Format() << "  pub_endpoint: tcp://127.0.0.1:0\n"
                            << "  vllm_pub_endpoint: tcp://127.0.0.1:" << pub_port_ << "\n"
                            << "  vllm_replay_endpoint: tcp://127.0.0.1:" << replay_port_ << "\n"
                            << "  vllm_topic: " << kTopic << "\n  vllm_block_size: 16\n"
@@ -368,6 +371,55 @@ TEST_F(VllmEventsTest, MalformedReplayRequestsAreSurvived) {
     sockets_.pop_back();
   }
   EXPECT_EQ(Listed().size(), 16u);  // the server still answers
+}
+
+// format: vllm with the map encoding: no kvtier PUB socket, and batches keyed by field name.
+class VllmMapEventsTest : public VllmEventsTest {
+ protected:
+  std::string Format() const override { return "  format: vllm\n  vllm_encoding: map\n"; }
+};
+
+TEST_F(VllmMapEventsTest, MapBatchesOnTheVllmStreamOnly) {
+  void* dealer = Socket(ZMQ_DEALER, replay_port_);
+  Put(1);
+  std::vector<std::pair<uint64_t, std::string>> got;
+  std::map<std::string, int> tags;
+  std::set<uint64_t> stored;
+  for (auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+       stored.size() < 8 && std::chrono::steady_clock::now() < deadline;) {
+    got = Replay(dealer, 0);
+    tags.clear();
+    stored.clear();
+    for (const auto& [seq, payload] : got) {
+      auto v = MsgpackReader::Decode(payload);
+      ASSERT_OK(v);
+      ASSERT_EQ(v->type, MsgpackValue::Type::kMap);
+      ASSERT_EQ(v->items.size(), 6u);  // ts, events, data_parallel_rank
+      EXPECT_EQ(v->items[0].s, "ts");
+      EXPECT_EQ(v->items[2].s, "events");
+      EXPECT_EQ(v->items[4].s, "data_parallel_rank");
+      for (const MsgpackValue& e : v->items[3].items) {
+        ASSERT_EQ(e.type, MsgpackValue::Type::kMap);
+        ASSERT_GE(e.items.size(), 2u);
+        EXPECT_EQ(e.items[0].s, "type");
+        ++tags[e.items[1].s];
+        if (e.items[1].s == "BlockStored") {
+          ASSERT_EQ(e.items.size(), 16u);
+          EXPECT_EQ(e.items[2].s, "block_hashes");
+          for (const auto& h : e.items[3].items) stored.insert(h.u);
+          EXPECT_EQ(e.items[12].s, "medium");
+          EXPECT_EQ(e.items[13].s, "CPU");
+        }
+      }
+    }
+  }
+  EXPECT_EQ(tags["AllBlocksCleared"], 1);
+  EXPECT_EQ(stored, Listed());
+  auto events = v1::EventService::NewStub(grpc::CreateChannel(proc_->address(), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  v1::GetEventsInfoResponse info;
+  ASSERT_TRUE(events->GetEventsInfo(&ctx, v1::GetEventsInfoRequest(), &info).ok());
+  EXPECT_EQ(info.pub_endpoint(), "") << "format vllm binds no kvtier PUB socket";
 }
 
 }  // namespace

@@ -336,7 +336,7 @@ void EventPublisher::PublishVllm(const std::vector<Event>& events) {
   }
   const double ts = absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch());
   auto payload = std::make_shared<const std::string>(
-      EncodeVllmBatch(ts, out, options_.vllm_data_parallel_rank, options_.vllm_block_hash));
+      EncodeVllmBatch(ts, out, options_.vllm_data_parallel_rank, options_.vllm_block_hash, options_.vllm_encoding));
   const uint64_t seq = vllm_next_seq_++;
   const std::string seq_bytes = BigEndian64(seq);
   const std::string& topic = options_.vllm_topic;

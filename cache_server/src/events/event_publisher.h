@@ -45,6 +45,7 @@ struct EventPublisherOptions {
   std::string vllm_topic;                               // first frame of every message; Default: "" (vLLM's)
   uint32_t vllm_block_size = 16;                        // BlockStored.block_size (tokens per block)
   VllmBlockHashForm vllm_block_hash = VllmBlockHashForm::kInt;
+  VllmEncoding vllm_encoding = VllmEncoding::kArray;
   std::optional<int64_t> vllm_data_parallel_rank = 0;  // KVEventBatch.data_parallel_rank; nullopt omits it
   // (tenant, model) of a namespace id, where the server knows it; may be empty. Called on the publisher
   // thread and in Replay/Snapshot, never under the store's lock.

@@ -116,6 +116,18 @@ void MsgpackWriter::ArrayHeader(uint32_t n) {
   }
 }
 
+void MsgpackWriter::MapHeader(uint32_t n) {
+  if (n < 16) {
+    out_->push_back(static_cast<char>(0x80 | n));
+  } else if (n <= 0xffff) {
+    out_->push_back(static_cast<char>(0xde));
+    BigEndian(n, 2);
+  } else {
+    out_->push_back(static_cast<char>(0xdf));
+    BigEndian(n, 4);
+  }
+}
+
 namespace {
 
 void BlockHashes(MsgpackWriter& w, const std::vector<Fingerprint>& hashes, VllmBlockHashForm form) {
@@ -132,39 +144,63 @@ void BlockHashes(MsgpackWriter& w, const std::vector<Fingerprint>& hashes, VllmB
 }  // namespace
 
 std::string EncodeVllmBatch(double ts, const std::vector<VllmEvent>& events, std::optional<int64_t> data_parallel_rank,
-                            VllmBlockHashForm hash_form) {
+                            VllmBlockHashForm hash_form, VllmEncoding encoding) {
   std::string out;
   out.reserve(16 + events.size() * 64);
   MsgpackWriter w(&out);
-  w.ArrayHeader(data_parallel_rank.has_value() ? 3 : 2);
+  const bool map = encoding == VllmEncoding::kMap;
+  // A struct of n fields; in the map form each value is preceded by its name.
+  auto begin = [&](uint32_t n) { map ? w.MapHeader(n) : w.ArrayHeader(n); };
+  auto key = [&](std::string_view name) {
+    if (map) w.Str(name);
+  };
+  auto tag = [&](std::string_view name) {
+    key("type");
+    w.Str(name);
+  };
+  begin(data_parallel_rank.has_value() ? 3 : 2);
+  key("ts");
   w.Float64(ts);
+  key("events");
   w.ArrayHeader(static_cast<uint32_t>(events.size()));
   for (const VllmEvent& e : events) {
     switch (e.kind) {
       case VllmEvent::Kind::kStored:
-        w.ArrayHeader(8);
-        w.Str("BlockStored");
+        begin(8);
+        tag("BlockStored");
+        key("block_hashes");
         BlockHashes(w, e.block_hashes, hash_form);
-        w.Nil();           // parent_block_hash: the server does not learn a block's parent
-        w.ArrayHeader(0);  // token_ids: the server never sees tokens
+        key("parent_block_hash");
+        w.Nil();  // the server does not learn a block's parent
+        key("token_ids");
+        w.ArrayHeader(0);  // the server never sees tokens
+        key("block_size");
         w.Uint(e.block_size);
-        w.Nil();  // lora_id
+        key("lora_id");
+        w.Nil();
+        key("medium");
         w.Str(e.medium);
-        w.Nil();  // lora_name
+        key("lora_name");
+        w.Nil();
         break;
       case VllmEvent::Kind::kRemoved:
-        w.ArrayHeader(3);
-        w.Str("BlockRemoved");
+        begin(3);
+        tag("BlockRemoved");
+        key("block_hashes");
         BlockHashes(w, e.block_hashes, hash_form);
+        key("medium");
         w.Str(e.medium);
         break;
       case VllmEvent::Kind::kCleared:
-        w.ArrayHeader(1);
-        w.Str("AllBlocksCleared");
+        begin(1);
+        tag("AllBlocksCleared");
         break;
     }
   }
-  if (data_parallel_rank.has_value()) w.Int(*data_parallel_rank);
+  if (data_parallel_rank.has_value()) {
+    key("data_parallel_rank");
+    w.Int(*data_parallel_rank);
+  }
   return out;
 }
 

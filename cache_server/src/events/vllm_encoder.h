@@ -22,6 +22,11 @@ enum class VllmBlockHashForm : uint8_t {
   kBytes,  // the 32 bytes as msgpack bin
 };
 
+// How structs are laid out. vLLM's structs declared array_like=True encode as arrays of their fields
+// (with the tag first); declared without it, msgspec writes maps keyed by field name with the tag under
+// "type" first. Both omit fields left at their default (omit_defaults).
+enum class VllmEncoding : uint8_t { kArray, kMap };
+
 // vLLM's `medium` for a kvtier tier: hbm -> "GPU", host -> "CPU", disk -> "DISK".
 const char* VllmMedium(Tier tier);
 
@@ -49,18 +54,20 @@ class MsgpackWriter {
   void Str(std::string_view s);
   void Bin(std::string_view b);
   void ArrayHeader(uint32_t n);
+  void MapHeader(uint32_t n);  // n key-value pairs follow
 
  private:
   void BigEndian(uint64_t v, int bytes);
   std::string* out_;
 };
 
-// Encodes KVEventBatch [ts, events, data_parallel_rank] (data_parallel_rank omitted when nullopt, as
-// msgspec's omit_defaults does for its None default). `ts` is seconds since the Unix epoch.
-// BlockStored is [tag, block_hashes, parent_block_hash (nil), token_ids ([]), block_size, lora_id (nil),
-// medium, lora_name (nil)]; BlockRemoved [tag, block_hashes, medium]; AllBlocksCleared [tag].
+// Encodes KVEventBatch (ts, events, data_parallel_rank; data_parallel_rank omitted when nullopt, as
+// omit_defaults does for its None default). `ts` is seconds since the Unix epoch. Field order, array form:
+// BlockStored [tag, block_hashes, parent_block_hash (nil), token_ids ([]), block_size, lora_id (nil),
+// medium, lora_name (nil)]; BlockRemoved [tag, block_hashes, medium]; AllBlocksCleared [tag]. The map
+// form has the same fields under their names after "type": the tag.
 std::string EncodeVllmBatch(double ts, const std::vector<VllmEvent>& events, std::optional<int64_t> data_parallel_rank,
-                            VllmBlockHashForm hash_form);
+                            VllmBlockHashForm hash_form, VllmEncoding encoding = VllmEncoding::kArray);
 
 }  // namespace kvtier::server
 

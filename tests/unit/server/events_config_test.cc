@@ -48,12 +48,13 @@ TEST(EventsConfigTest, VllmFormat) {
   EXPECT_EQ(d->events_vllm_topic, "");
   EXPECT_EQ(d->events_vllm_replay_endpoint, "");
   EXPECT_EQ(d->events_vllm_block_hash, "int");
+  EXPECT_EQ(d->events_vllm_encoding, "array");
 
   auto o = ParseServerConfig(
       "server:\n  node_id: n1\n"
       "events:\n  enabled: true\n  format: both\n  vllm_pub_endpoint: tcp://0.0.0.0:5557\n"
       "  vllm_replay_endpoint: tcp://0.0.0.0:5558\n  vllm_topic: kv\n  vllm_block_size: 64\n"
-      "  vllm_block_hash: bytes\n  vllm_data_parallel_rank: 3\n");
+      "  vllm_block_hash: bytes\n  vllm_data_parallel_rank: 3\n  vllm_encoding: map\n");
   ASSERT_OK(o);
   EXPECT_EQ(o->events_format, "both");
   EXPECT_EQ(o->events_vllm_pub_endpoint, "tcp://0.0.0.0:5557");
@@ -62,6 +63,7 @@ TEST(EventsConfigTest, VllmFormat) {
   EXPECT_EQ(o->events_vllm_block_size, 64u);
   EXPECT_EQ(o->events_vllm_block_hash, "bytes");
   EXPECT_EQ(o->events_vllm_data_parallel_rank, 3u);
+  EXPECT_EQ(o->events_vllm_encoding, "map");
   EXPECT_OK(o->Validate());
 
   auto names = [&](const char* key) { return std::string(o->Validate().message()).find(key) != std::string::npos; };
@@ -82,6 +84,9 @@ TEST(EventsConfigTest, VllmFormat) {
   o->events_vllm_block_hash = "hex";
   EXPECT_TRUE(names("events.vllm_block_hash"));
   o->events_vllm_block_hash = "int";
+  o->events_vllm_encoding = "json";
+  EXPECT_TRUE(names("events.vllm_encoding"));
+  o->events_vllm_encoding = "array";
   EXPECT_OK(o->Validate());
   o->events_format = "both";
   o->events_pub_endpoint = o->events_vllm_pub_endpoint;

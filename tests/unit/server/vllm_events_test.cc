@@ -91,6 +91,29 @@ TEST(VllmEncoderTest, MediumAndIntHash) {
   EXPECT_NE(got.find(Hex("91 05") + FixStr("CPU")), std::string::npos);
 }
 
+// The map form (structs declared without array_like): field names as keys, the tag under "type" first.
+TEST(VllmEncoderTest, MapFormIsByteExact) {
+  const std::string stored = EncodeVllmBatch(
+      1.5, {{.kind = VllmEvent::Kind::kStored, .block_hashes = {Counting()}, .medium = "CPU", .block_size = 16}}, 0,
+      VllmBlockHashForm::kInt, VllmEncoding::kMap);
+  const std::string want = Hex("83") + FixStr("ts") + kTs + FixStr("events") + Hex("91") + Hex("88") + FixStr("type") +
+                           FixStr("BlockStored") + FixStr("block_hashes") + Hex("91") + kHashInt +
+                           FixStr("parent_block_hash") + Hex("c0") + FixStr("token_ids") + Hex("90") +
+                           FixStr("block_size") + Hex("10") + FixStr("lora_id") + Hex("c0") + FixStr("medium") +
+                           FixStr("CPU") + FixStr("lora_name") + Hex("c0") + FixStr("data_parallel_rank") + Hex("00");
+  EXPECT_EQ(absl::BytesToHexString(stored), absl::BytesToHexString(want));
+
+  const std::string removed_cleared =
+      EncodeVllmBatch(1.5,
+                      {{.kind = VllmEvent::Kind::kRemoved, .block_hashes = {Counting()}, .medium = "DISK"},
+                       {.kind = VllmEvent::Kind::kCleared}},
+                      std::nullopt, VllmBlockHashForm::kInt, VllmEncoding::kMap);
+  const std::string want2 = Hex("82") + FixStr("ts") + kTs + FixStr("events") + Hex("92") + Hex("83") + FixStr("type") +
+                            FixStr("BlockRemoved") + FixStr("block_hashes") + Hex("91") + kHashInt + FixStr("medium") +
+                            FixStr("DISK") + Hex("81") + FixStr("type") + FixStr("AllBlocksCleared");
+  EXPECT_EQ(absl::BytesToHexString(removed_cleared), absl::BytesToHexString(want2));
+}
+
 // Every integer, string and array length takes msgpack's shortest form, as msgspec writes them.
 TEST(VllmEncoderTest, ShortestForms) {
   auto enc = [](auto&& write) {
@@ -115,6 +138,8 @@ TEST(VllmEncoderTest, ShortestForms) {
   EXPECT_EQ(enc([](MsgpackWriter& w) { w.ArrayHeader(15); }), "9f");
   EXPECT_EQ(enc([](MsgpackWriter& w) { w.ArrayHeader(16); }), "dc0010");
   EXPECT_EQ(enc([](MsgpackWriter& w) { w.ArrayHeader(65536); }), "dd00010000");
+  EXPECT_EQ(enc([](MsgpackWriter& w) { w.MapHeader(15); }), "8f");
+  EXPECT_EQ(enc([](MsgpackWriter& w) { w.MapHeader(16); }), "de0010");
   EXPECT_EQ(enc([](MsgpackWriter& w) { w.Float64(-0.25); }), "cbbfd0000000000000");
 }
 

@@ -89,6 +89,7 @@ struct ServerOptions {
   std::string events_vllm_topic;                                // first frame of each message; Default: "" (vLLM's)
   uint32_t events_vllm_block_size = 16;                         // BlockStored.block_size: tokens per block
   std::string events_vllm_block_hash = "int";   // "int" (last 8 fingerprint bytes, big-endian) or "bytes" (all 32)
+  std::string events_vllm_encoding = "array";   // "array" (structs as arrays, array_like) or "map" (by field name)
   uint32_t events_vllm_data_parallel_rank = 0;  // KVEventBatch.data_parallel_rank
 
   std::vector<NamespaceOptions> namespaces;  // per-namespace settings; the first match applies
