@@ -363,8 +363,10 @@ void EventPublisher::RunVllmReplay() {
 }
 
 void EventPublisher::ServeVllmReplay() {
-  // Read one whole request (a peer may send any number of frames; at most 4 are kept).
+  // Read one whole request: a peer may send any number of frames (a multipart message arrives whole);
+  // the first 4 are kept, the rest only counted.
   std::vector<std::string> frames;
+  size_t frame_count = 0;
   bool more = true;
   while (more) {
     zmq_msg_t msg;
@@ -373,26 +375,14 @@ void EventPublisher::ServeVllmReplay() {
       zmq_msg_close(&msg);
       return;
     }
-    if (frames.size() < 4)
-      frames.emplace_back(static_cast<const char*>(zmq_msg_data(&msg)), zmq_msg_size(&msg));
-    else
-      frames.emplace_back();
+    if (++frame_count <= 4) frames.emplace_back(static_cast<const char*>(zmq_msg_data(&msg)), zmq_msg_size(&msg));
     more = zmq_msg_more(&msg) != 0;
     zmq_msg_close(&msg);
-    if (frames.size() > 64) {  // drain the rest of an absurd request without keeping it
-      while (more) {
-        zmq_msg_init(&msg);
-        const bool ok = zmq_msg_recv(&msg, vllm_replay_socket_, ZMQ_DONTWAIT) >= 0;
-        more = ok && zmq_msg_more(&msg) != 0;
-        zmq_msg_close(&msg);
-      }
-    }
   }
   // [identity, "", start_seq (8 bytes big-endian)], what a REQ or DEALER peer sends.
-  if (frames.size() != 3 || !frames[1].empty()) {
+  if (frame_count != 3 || !frames[1].empty()) {
     stats_.vllm_replay_bad_requests.fetch_add(1, std::memory_order_relaxed);
-    KVTIER_LOG_EVERY(std::chrono::seconds(10), warn, "events: ignored a vLLM replay request of {} frames",
-                     frames.size());
+    KVTIER_LOG_EVERY(std::chrono::seconds(10), warn, "events: ignored a vLLM replay request of {} frames", frame_count);
     return;
   }
   const std::string& id = frames[0];
