@@ -28,6 +28,7 @@
 #include "kvtier/v1/events.grpc.pb.h"
 #include "replayer.h"
 #include "testing/msgpack_reader.h"
+#include "testing/scrape_metrics.h"
 #include "testing/server_process.h"
 #include "testing/status_matchers.h"
 
@@ -288,6 +289,9 @@ TEST_F(VllmEventsTest, StreamAndReplayRebuildTheServersBlocks) {
   EXPECT_EQ(tags["AllBlocksCleared"], 1);  // the server's first event
   EXPECT_GE(tags["BlockStored"], 384);
   EXPECT_GE(tags["BlockRemoved"], 384 - 256);
+  EXPECT_EQ(
+      testing::MetricValue(testing::ScrapeMetrics(proc_->metrics_port()), "kvtier_event_vllm_batches_published_total"),
+      static_cast<double>(all.size()));
 
   // The live stream: [topic, seq, payload], each payload the same bytes the replay returned.
   const uint64_t last = all.back().first;
@@ -371,6 +375,10 @@ TEST_F(VllmEventsTest, MalformedReplayRequestsAreSurvived) {
     sockets_.pop_back();
   }
   EXPECT_EQ(Listed().size(), 16u);  // the server still answers
+  const std::string page = testing::ScrapeMetrics(proc_->metrics_port());
+  EXPECT_EQ(testing::MetricValue(page, "kvtier_event_vllm_replay_requests_total{result=\"malformed\"}"), 4);
+  EXPECT_GE(testing::MetricValue(page, "kvtier_event_vllm_replay_requests_total{result=\"ok\"}"), 1);
+  EXPECT_GE(testing::MetricValue(page, "kvtier_event_vllm_replayed_batches_total"), 2);
 }
 
 // format: vllm with the map encoding: no kvtier PUB socket, and batches keyed by field name.
