@@ -104,6 +104,7 @@ uint64_t IntHash(const Fingerprint& fp) {
 class VllmEventsTest : public ::testing::Test {
  protected:
   virtual std::string Format() const { return "  format: both\n"; }
+  virtual std::vector<std::string> ExtraArgs(const std::string& /*dir*/) const { return {}; }
 
   void SetUp() override {
     pub_port_ = FreePort();
@@ -121,8 +122,10 @@ class VllmEventsTest : public ::testing::Test {
                            << "  vllm_topic: " << kTopic << "\n  vllm_block_size: 16\n"
                            << "  max_batch_events: 16\n  heartbeat_interval: 100ms\n";
     // 1 MiB of 4 KiB blocks: 256 blocks, so the workload evicts.
-    auto p = ServerProcess::Start(
-        "vllm-node", {"--config=" + config_, "--host_cache_bytes=1MiB", "--slab_bytes=1MiB", "--max_block_bytes=1MiB"});
+    std::vector<std::string> args = {"--config=" + config_, "--host_cache_bytes=1MiB", "--slab_bytes=1MiB",
+                                     "--max_block_bytes=1MiB"};
+    for (auto& a : ExtraArgs(dir)) args.push_back(std::move(a));
+    auto p = ServerProcess::Start("vllm-node", args);
     ASSERT_OK(p);
     proc_ = std::move(p).value();
     auto c = client::Client::Connect({.members = {proc_->address()}, .rpc_timeout = absl::Milliseconds(2000)});
@@ -186,6 +189,30 @@ class VllmEventsTest : public ::testing::Test {
         Fingerprint fp;
         std::copy(b.fingerprint().begin(), b.fingerprint().end(), reinterpret_cast<char*>(fp.bytes.data()));
         out.insert(IntHash(fp));
+      }
+      cursor = resp.next_cursor();
+    } while (cursor != 0);
+    return out;
+  }
+
+  // The server's blocks as int block hash -> vLLM medium (Admin ListBlocks).
+  std::map<uint64_t, std::string> ListedMedia() {
+    auto stub = v1::AdminService::NewStub(grpc::CreateChannel(proc_->address(), grpc::InsecureChannelCredentials()));
+    std::map<uint64_t, std::string> out;
+    uint64_t cursor = 0;
+    do {
+      v1::ListBlocksRequest req;
+      req.set_cursor(cursor);
+      req.set_limit(1000);
+      v1::ListBlocksResponse resp;
+      grpc::ClientContext ctx;
+      const grpc::Status s = stub->ListBlocks(&ctx, req, &resp);
+      EXPECT_TRUE(s.ok()) << s.error_message();
+      if (!s.ok()) break;
+      for (const auto& b : resp.blocks()) {
+        Fingerprint fp;
+        std::copy(b.fingerprint().begin(), b.fingerprint().end(), reinterpret_cast<char*>(fp.bytes.data()));
+        out[IntHash(fp)] = b.tier() == "disk" ? "DISK" : b.tier() == "hbm" ? "GPU" : "CPU";
       }
       cursor = resp.next_cursor();
     } while (cursor != 0);
@@ -428,6 +455,65 @@ TEST_F(VllmMapEventsTest, MapBatchesOnTheVllmStreamOnly) {
   v1::GetEventsInfoResponse info;
   ASSERT_TRUE(events->GetEventsInfo(&ctx, v1::GetEventsInfoRequest(), &info).ok());
   EXPECT_EQ(info.pub_endpoint(), "") << "format vllm binds no kvtier PUB socket";
+}
+
+// A disk tier under the 1 MiB host tier: evictions demote blocks to disk (kvtier's BlockMoved), which
+// the vLLM stream carries as BlockRemoved on "CPU" then BlockStored on "DISK" in the same batch.
+class VllmDiskEventsTest : public VllmEventsTest {
+ protected:
+  std::vector<std::string> ExtraArgs(const std::string& dir) const override {
+    return {"--disk_path=" + dir + "/disk", "--disk_capacity_bytes=64MiB"};
+  }
+};
+
+TEST_F(VllmDiskEventsTest, TierMovesAreRemovedThenStoredOnTheNewMedium) {
+  void* dealer = Socket(ZMQ_DEALER, replay_port_);
+  Put(48);  // 384 blocks into 256 host slots: demotions to disk
+  const std::map<uint64_t, std::string> listed = ListedMedia();
+  size_t on_disk = 0;
+  for (const auto& [h, m] : listed) on_disk += m == "DISK" ? 1 : 0;
+  ASSERT_GT(on_disk, 0u) << "the workload should demote blocks to disk";
+
+  std::map<uint64_t, std::string> media;  // what the vLLM events say: block -> medium
+  int moves = 0;
+  for (auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+       std::chrono::steady_clock::now() < deadline;) {
+    media.clear();
+    moves = 0;
+    for (const auto& [seq, payload] : Replay(dealer, 0)) {
+      auto v = MsgpackReader::Decode(payload);
+      ASSERT_OK(v);
+      const auto& evs = v->items[1].items;
+      for (size_t i = 0; i < evs.size(); ++i) {
+        const auto& e = evs[i].items;
+        if (e[0].s == "AllBlocksCleared") {
+          media.clear();
+          continue;
+        }
+        const std::string& medium = e[0].s == "BlockStored" ? e[6].s : e[2].s;
+        for (const auto& h : e[1].items) {
+          if (e[0].s == "BlockStored") {
+            EXPECT_EQ(media.count(h.u), 0u) << "stored twice without a removal";
+            media[h.u] = medium;
+          } else {
+            ASSERT_EQ(media.count(h.u), 1u) << "removed a block never stored";
+            EXPECT_EQ(media[h.u], medium) << "removed from a medium it was not on";
+            media.erase(h.u);
+            // A move: the next event of the batch stores the same block on the new medium.
+            if (i + 1 < evs.size() && evs[i + 1].items[0].s == "BlockStored" && evs[i + 1].items[1].items[0].u == h.u) {
+              EXPECT_EQ(medium, "CPU");
+              EXPECT_EQ(evs[i + 1].items[6].s, "DISK");
+              ++moves;
+            }
+          }
+        }
+      }
+    }
+    if (media == listed) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+  EXPECT_EQ(media, listed);
+  EXPECT_GE(moves, static_cast<int>(on_disk));
 }
 
 }  // namespace
