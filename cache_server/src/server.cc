@@ -266,13 +266,24 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   // KV events: the first event is AllBlocksCleared, then a BlockStored per block recovered from disk, so
   // subscribers drop whatever they knew of this node's previous instance.
   if (options.events_enabled) {
-    auto events =
-        EventPublisher::Start({.node_id = options.node_id,
-                               .pub_endpoint = options.events_pub_endpoint,
-                               .replay_buffer_events = options.events_replay_buffer_events,
-                               .max_batch_events = options.events_max_batch_events,
-                               .heartbeat_interval = options.events_heartbeat_interval,
-                               .namespace_names = [p = impl.get()](uint64_t id) { return p->namespaces.Find(id); }});
+    auto events = EventPublisher::Start(
+        {.node_id = options.node_id,
+         .format = options.events_format == "vllm"   ? EventFormat::kVllm
+                   : options.events_format == "both" ? EventFormat::kBoth
+                                                     : EventFormat::kKvtier,
+         .pub_endpoint = options.events_pub_endpoint,
+         .replay_buffer_events = options.events_replay_buffer_events,
+         .max_batch_events = options.events_max_batch_events,
+         .heartbeat_interval = options.events_heartbeat_interval,
+         .vllm_pub_endpoint = options.events_vllm_pub_endpoint,
+         .vllm_replay_endpoint = options.events_vllm_replay_endpoint,
+         .vllm_topic = options.events_vllm_topic,
+         .vllm_block_size = options.events_vllm_block_size,
+         .vllm_block_hash =
+             options.events_vllm_block_hash == "bytes" ? VllmBlockHashForm::kBytes : VllmBlockHashForm::kInt,
+         .vllm_encoding = options.events_vllm_encoding == "map" ? VllmEncoding::kMap : VllmEncoding::kArray,
+         .vllm_data_parallel_rank = options.events_vllm_data_parallel_rank,
+         .namespace_names = [p = impl.get()](uint64_t id) { return p->namespaces.Find(id); }});
     if (!events.ok()) return events.status();
     impl->events = std::move(events).value();
     impl->store->SetEventSink(impl->events.get());

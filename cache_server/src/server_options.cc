@@ -275,7 +275,15 @@ const std::map<std::string, std::map<std::string, Setter>>& Schema() {
         {"pub_endpoint", String(&ServerOptions::events_pub_endpoint)},
         {"replay_buffer_events", Count(&ServerOptions::events_replay_buffer_events)},
         {"max_batch_events", Count(&ServerOptions::events_max_batch_events)},
-        {"heartbeat_interval", Duration(&ServerOptions::events_heartbeat_interval)}}},
+        {"heartbeat_interval", Duration(&ServerOptions::events_heartbeat_interval)},
+        {"format", String(&ServerOptions::events_format)},
+        {"vllm_pub_endpoint", String(&ServerOptions::events_vllm_pub_endpoint)},
+        {"vllm_replay_endpoint", String(&ServerOptions::events_vllm_replay_endpoint)},
+        {"vllm_topic", String(&ServerOptions::events_vllm_topic)},
+        {"vllm_block_size", Count(&ServerOptions::events_vllm_block_size)},
+        {"vllm_block_hash", String(&ServerOptions::events_vllm_block_hash)},
+        {"vllm_encoding", String(&ServerOptions::events_vllm_encoding)},
+        {"vllm_data_parallel_rank", Count(&ServerOptions::events_vllm_data_parallel_rank)}}},
       {"eviction",
        {{"policy", String(&ServerOptions::eviction_policy)},
         {"frequency_weight", Double(&ServerOptions::eviction_frequency_weight)},
@@ -431,6 +439,30 @@ absl::Status ServerOptions::Validate() const {
     if (events_replay_buffer_events == 0) return Bad("events.replay_buffer_events", "must be > 0");
     if (events_max_batch_events == 0) return Bad("events.max_batch_events", "must be > 0");
     if (events_heartbeat_interval <= absl::ZeroDuration()) return Bad("events.heartbeat_interval", "must be > 0");
+    if (events_format != "kvtier" && events_format != "vllm" && events_format != "both") {
+      return Bad("events.format", absl::StrCat("\"", events_format, "\" is not kvtier, vllm or both"));
+    }
+    if (events_format != "kvtier") {
+      if (events_vllm_pub_endpoint.find("://") == std::string::npos) {
+        return Bad("events.vllm_pub_endpoint", "must be a ZeroMQ endpoint such as tcp://0.0.0.0:5557");
+      }
+      if (!events_vllm_replay_endpoint.empty() && events_vllm_replay_endpoint.find("://") == std::string::npos) {
+        return Bad("events.vllm_replay_endpoint", "must be empty or a ZeroMQ endpoint such as tcp://0.0.0.0:5558");
+      }
+      if (events_vllm_replay_endpoint == events_vllm_pub_endpoint) {
+        return Bad("events.vllm_replay_endpoint", "must differ from events.vllm_pub_endpoint");
+      }
+      if (events_format == "both" && events_vllm_pub_endpoint == events_pub_endpoint) {
+        return Bad("events.vllm_pub_endpoint", "must differ from events.pub_endpoint");
+      }
+      if (events_vllm_block_size == 0) return Bad("events.vllm_block_size", "must be > 0");
+      if (events_vllm_block_hash != "int" && events_vllm_block_hash != "bytes") {
+        return Bad("events.vllm_block_hash", absl::StrCat("\"", events_vllm_block_hash, "\" is not int or bytes"));
+      }
+      if (events_vllm_encoding != "array" && events_vllm_encoding != "map") {
+        return Bad("events.vllm_encoding", absl::StrCat("\"", events_vllm_encoding, "\" is not array or map"));
+      }
+    }
   }
   return absl::OkStatus();
 }

@@ -6,6 +6,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "kvtier/common/log.h"
 
 namespace kvtier::server {
 
@@ -17,6 +18,38 @@ std::string ZmqBindEndpoint(const std::string& endpoint) {
     return absl::StrCat(endpoint.substr(0, endpoint.size() - 1), "*");
   }
   return endpoint;
+}
+
+std::string LastEndpoint(void* socket) {
+  char last[256] = {};
+  size_t last_len = sizeof(last);
+  if (zmq_getsockopt(socket, ZMQ_LAST_ENDPOINT, last, &last_len) == 0) return last;
+  return "";
+}
+
+// A socket bound to `endpoint` (key: the config key named in errors), or nullptr with *error set.
+void* BindSocket(void* ctx, int type, const std::string& endpoint, const char* key, int send_hwm, absl::Status* error) {
+  void* s = zmq_socket(ctx, type);
+  if (s == nullptr) {
+    *error = absl::InternalError(absl::StrCat("zmq_socket: ", zmq_strerror(zmq_errno())));
+    return nullptr;
+  }
+  const int linger_ms = 0;
+  zmq_setsockopt(s, ZMQ_LINGER, &linger_ms, sizeof(linger_ms));
+  zmq_setsockopt(s, ZMQ_SNDHWM, &send_hwm, sizeof(send_hwm));
+  const std::string bind = ZmqBindEndpoint(endpoint);
+  if (zmq_bind(s, bind.c_str()) != 0) {
+    *error = absl::UnavailableError(absl::StrCat(key, ": cannot bind ", endpoint, ": ", zmq_strerror(zmq_errno())));
+    zmq_close(s);
+    return nullptr;
+  }
+  return s;
+}
+
+std::string BigEndian64(uint64_t v) {
+  std::string out(8, '\0');
+  for (int i = 7; i >= 0; --i, v >>= 8) out[static_cast<size_t>(i)] = static_cast<char>(v & 0xff);
+  return out;
 }
 
 uint64_t NewInstanceId() {
@@ -38,29 +71,44 @@ absl::StatusOr<std::unique_ptr<EventPublisher>> EventPublisher::Start(const Even
   if (options.heartbeat_interval <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("events.heartbeat_interval: must be > 0");
   }
+  const bool kvtier = options.format != EventFormat::kVllm;
+  const bool vllm = options.format != EventFormat::kKvtier;
+  if (vllm && options.vllm_block_size == 0) return absl::InvalidArgumentError("events.vllm_block_size: must be > 0");
   auto p = std::unique_ptr<EventPublisher>(new EventPublisher(options));
   p->zmq_context_ = zmq_ctx_new();
   if (p->zmq_context_ == nullptr) return absl::InternalError("zmq_ctx_new failed");
-  p->pub_socket_ = zmq_socket(p->zmq_context_, ZMQ_PUB);
-  if (p->pub_socket_ == nullptr) return absl::InternalError(absl::StrCat("zmq_socket: ", zmq_strerror(zmq_errno())));
-  const int linger_ms = 0;
-  zmq_setsockopt(p->pub_socket_, ZMQ_LINGER, &linger_ms, sizeof(linger_ms));
-  zmq_setsockopt(p->pub_socket_, ZMQ_SNDHWM, &options.send_hwm, sizeof(options.send_hwm));
-  const std::string bind = ZmqBindEndpoint(options.pub_endpoint);
-  if (zmq_bind(p->pub_socket_, bind.c_str()) != 0) {
-    return absl::UnavailableError(
-        absl::StrCat("events.pub_endpoint: cannot bind ", options.pub_endpoint, ": ", zmq_strerror(zmq_errno())));
+  absl::Status error;
+  if (kvtier) {
+    p->pub_socket_ =
+        BindSocket(p->zmq_context_, ZMQ_PUB, options.pub_endpoint, "events.pub_endpoint", options.send_hwm, &error);
+    if (p->pub_socket_ == nullptr) return error;
+    p->bound_endpoint_ = LastEndpoint(p->pub_socket_);
   }
-  char last[256] = {};
-  size_t last_len = sizeof(last);
-  if (zmq_getsockopt(p->pub_socket_, ZMQ_LAST_ENDPOINT, last, &last_len) == 0) p->bound_endpoint_ = last;
+  if (vllm) {
+    p->vllm_pub_socket_ = BindSocket(p->zmq_context_, ZMQ_PUB, options.vllm_pub_endpoint, "events.vllm_pub_endpoint",
+                                     options.send_hwm, &error);
+    if (p->vllm_pub_socket_ == nullptr) return error;
+    p->vllm_bound_endpoint_ = LastEndpoint(p->vllm_pub_socket_);
+    if (!options.vllm_replay_endpoint.empty()) {
+      p->vllm_replay_socket_ = BindSocket(p->zmq_context_, ZMQ_ROUTER, options.vllm_replay_endpoint,
+                                          "events.vllm_replay_endpoint", options.send_hwm, &error);
+      if (p->vllm_replay_socket_ == nullptr) return error;
+      // A reply to a peer that is gone fails (EHOSTUNREACH) instead of vanishing; a full pipe says EAGAIN.
+      const int mandatory = 1;
+      zmq_setsockopt(p->vllm_replay_socket_, ZMQ_ROUTER_MANDATORY, &mandatory, sizeof(mandatory));
+      p->vllm_replay_bound_endpoint_ = LastEndpoint(p->vllm_replay_socket_);
+    }
+  }
   p->thread_ = std::thread([raw = p.get()] { raw->Run(); });
+  if (p->vllm_replay_socket_ != nullptr) p->replay_thread_ = std::thread([raw = p.get()] { raw->RunVllmReplay(); });
   return p;
 }
 
 EventPublisher::~EventPublisher() {
   Stop();
   if (pub_socket_ != nullptr) zmq_close(pub_socket_);
+  if (vllm_pub_socket_ != nullptr) zmq_close(vllm_pub_socket_);
+  if (vllm_replay_socket_ != nullptr) zmq_close(vllm_replay_socket_);
   if (zmq_context_ != nullptr) zmq_ctx_term(zmq_context_);
 }
 
@@ -72,6 +120,8 @@ void EventPublisher::Stop() {
   }
   cv_.notify_all();
   if (thread_.joinable()) thread_.join();
+  replay_stop_.store(true);
+  if (replay_thread_.joinable()) replay_thread_.join();
 }
 
 void EventPublisher::OnStored(const EventBlockInfo& block) { Append(Kind::kStored, &block, Tier{}); }
@@ -183,11 +233,14 @@ void EventPublisher::Run() {
     }
     const uint64_t last_seq = last_seq_;
     lock.unlock();
-    Encode(batch, last_seq).SerializeToString(&bytes);
-    if (zmq_send(pub_socket_, bytes.data(), bytes.size(), 0) >= 0) {
-      stats_.published_batches.fetch_add(1, std::memory_order_relaxed);
-      stats_.published_events.fetch_add(batch.size(), std::memory_order_relaxed);
+    if (pub_socket_ != nullptr) {
+      Encode(batch, last_seq).SerializeToString(&bytes);
+      if (zmq_send(pub_socket_, bytes.data(), bytes.size(), 0) >= 0) {
+        stats_.published_batches.fetch_add(1, std::memory_order_relaxed);
+        stats_.published_events.fetch_add(batch.size(), std::memory_order_relaxed);
+      }
     }
+    if (vllm_pub_socket_ != nullptr && !batch.empty()) PublishVllm(batch);
     last_send = absl::Now();
     lock.lock();
   }
@@ -253,6 +306,131 @@ void EventPublisher::Snapshot(const BlockStore& store, size_t chunk_blocks,
     chunk.set_last(i == blocks.size());
     if (!emit(chunk)) return;
   } while (i < blocks.size());
+}
+
+void EventPublisher::PublishVllm(const std::vector<Event>& events) {
+  std::vector<VllmEvent> out;
+  out.reserve(events.size());
+  auto block_event = [&](VllmEvent::Kind kind, const EventBlockInfo& b, Tier tier) {
+    out.push_back({.kind = kind,
+                   .block_hashes = {b.key.fingerprint},
+                   .medium = VllmMedium(tier),
+                   .block_size = options_.vllm_block_size});
+  };
+  for (const Event& e : events) {
+    switch (e.kind) {
+      case Kind::kStored:
+        block_event(VllmEvent::Kind::kStored, e.block, e.block.tier);
+        break;
+      case Kind::kRemoved:
+        block_event(VllmEvent::Kind::kRemoved, e.block, e.block.tier);
+        break;
+      case Kind::kMoved:  // vLLM has no move: gone from the old medium, then present on the new one
+        block_event(VllmEvent::Kind::kRemoved, e.block, e.from);
+        block_event(VllmEvent::Kind::kStored, e.block, e.block.tier);
+        break;
+      case Kind::kCleared:
+        out.push_back({.kind = VllmEvent::Kind::kCleared});
+        break;
+    }
+  }
+  const double ts = absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch());
+  auto payload = std::make_shared<const std::string>(
+      EncodeVllmBatch(ts, out, options_.vllm_data_parallel_rank, options_.vllm_block_hash, options_.vllm_encoding));
+  const uint64_t seq = vllm_next_seq_++;
+  const std::string seq_bytes = BigEndian64(seq);
+  const std::string& topic = options_.vllm_topic;
+  if (zmq_send(vllm_pub_socket_, topic.data(), topic.size(), ZMQ_SNDMORE) >= 0 &&
+      zmq_send(vllm_pub_socket_, seq_bytes.data(), seq_bytes.size(), ZMQ_SNDMORE) >= 0 &&
+      zmq_send(vllm_pub_socket_, payload->data(), payload->size(), 0) >= 0) {
+    stats_.vllm_published_batches.fetch_add(1, std::memory_order_relaxed);
+  }
+  std::lock_guard<std::mutex> lock(vllm_mu_);
+  vllm_ring_.push_back({.seq = seq, .events = out.size(), .payload = std::move(payload)});
+  vllm_ring_events_ += out.size();
+  while (vllm_ring_.size() > 1 && vllm_ring_events_ > options_.replay_buffer_events) {
+    vllm_ring_events_ -= vllm_ring_.front().events;
+    vllm_ring_.pop_front();
+  }
+}
+
+void EventPublisher::RunVllmReplay() {
+  while (!replay_stop_.load()) {
+    zmq_pollitem_t item{vllm_replay_socket_, 0, ZMQ_POLLIN, 0};
+    const int rc = zmq_poll(&item, 1, 100);  // wakes every 100 ms to see Stop
+    if (rc > 0 && (item.revents & ZMQ_POLLIN) != 0) ServeVllmReplay();
+  }
+}
+
+void EventPublisher::ServeVllmReplay() {
+  // Read one whole request: a peer may send any number of frames (a multipart message arrives whole);
+  // the first 4 are kept, the rest only counted.
+  std::vector<std::string> frames;
+  size_t frame_count = 0;
+  bool more = true;
+  while (more) {
+    zmq_msg_t msg;
+    zmq_msg_init(&msg);
+    if (zmq_msg_recv(&msg, vllm_replay_socket_, ZMQ_DONTWAIT) < 0) {
+      zmq_msg_close(&msg);
+      return;
+    }
+    if (++frame_count <= 4) frames.emplace_back(static_cast<const char*>(zmq_msg_data(&msg)), zmq_msg_size(&msg));
+    more = zmq_msg_more(&msg) != 0;
+    zmq_msg_close(&msg);
+  }
+  // [identity, "", start_seq (8 bytes big-endian)], what a REQ or DEALER peer sends.
+  if (frame_count != 3 || !frames[1].empty()) {
+    stats_.vllm_replay_bad_requests.fetch_add(1, std::memory_order_relaxed);
+    KVTIER_LOG_EVERY(std::chrono::seconds(10), warn, "events: ignored a vLLM replay request of {} frames", frame_count);
+    return;
+  }
+  const std::string& id = frames[0];
+  // Sends [identity, "", a, b]; false when the peer is gone or does not read for a second.
+  auto send = [&](const std::string& a, const std::string& b) {
+    const std::string* parts[] = {&id, nullptr, &a, &b};
+    for (int attempt = 0; attempt < 2; ++attempt) {
+      bool ok = true;
+      for (size_t i = 0; i < 4 && ok; ++i) {
+        const char* data = parts[i] == nullptr ? "" : parts[i]->data();
+        const size_t size = parts[i] == nullptr ? 0 : parts[i]->size();
+        const int flags = ZMQ_DONTWAIT | (i < 3 ? ZMQ_SNDMORE : 0);
+        if (zmq_send(vllm_replay_socket_, data, size, flags) < 0) {
+          // Nothing of the message is queued unless its first frame went out; ROUTER_MANDATORY fails
+          // the identity frame, so a failure is always on i == 0.
+          ok = false;
+        }
+      }
+      if (ok) return true;
+      if (zmq_errno() != EAGAIN) return false;
+      zmq_pollitem_t item{vllm_replay_socket_, 0, ZMQ_POLLOUT, 0};
+      if (zmq_poll(&item, 1, 1000) <= 0) return false;
+    }
+    return false;
+  };
+  const std::string end_marker = BigEndian64(~uint64_t{0});  // -1 as 8 bytes big-endian, two's complement
+  if (frames[2].size() != 8) {
+    stats_.vllm_replay_bad_requests.fetch_add(1, std::memory_order_relaxed);
+    KVTIER_LOG_EVERY(std::chrono::seconds(10), warn, "events: vLLM replay request with a {}-byte start seq (want 8)",
+                     frames[2].size());
+    send(end_marker, "");
+    return;
+  }
+  uint64_t start = 0;
+  for (unsigned char c : frames[2]) start = (start << 8) | c;
+  stats_.vllm_replay_requests.fetch_add(1, std::memory_order_relaxed);
+  std::vector<VllmMessage> held;
+  {
+    std::lock_guard<std::mutex> lock(vllm_mu_);
+    for (const VllmMessage& m : vllm_ring_) {
+      if (m.seq >= start) held.push_back(m);
+    }
+  }
+  for (const VllmMessage& m : held) {
+    if (!send(BigEndian64(m.seq), *m.payload)) return;
+    stats_.vllm_replayed_batches.fetch_add(1, std::memory_order_relaxed);
+  }
+  send(end_marker, "");
 }
 
 }  // namespace kvtier::server

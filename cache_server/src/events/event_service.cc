@@ -88,6 +88,16 @@ class EventMetrics final : public prometheus::Collectable {
            {{{}, v(s.replayed_events)}});
     family("kvtier_event_snapshot_requests_total", "Snapshot requests served.", MetricType::Counter,
            {{{}, v(s.snapshot_requests)}});
+    const double malformed = v(s.vllm_replay_bad_requests);
+    family("kvtier_event_vllm_batches_published_total", "vLLM-format KV event batches sent on the vLLM PUB socket.",
+           MetricType::Counter, {{{}, v(s.vllm_published_batches)}});
+    family("kvtier_event_vllm_replay_requests_total",
+           "Requests on the vLLM replay socket, by result (malformed: ignored, or answered with the end marker "
+           "only).",
+           MetricType::Counter,
+           {{{{"result", "ok"}}, v(s.vllm_replay_requests)}, {{{"result", "malformed"}}, malformed}});
+    family("kvtier_event_vllm_replayed_batches_total", "vLLM-format batches sent by the replay socket.",
+           MetricType::Counter, {{{}, v(s.vllm_replayed_batches)}});
     family("kvtier_event_last_seq", "The latest KV event sequence number of this server instance.", MetricType::Gauge,
            {{{}, static_cast<double>(publisher_.last_seq())}});
     return out;

@@ -41,7 +41,9 @@ class EventServiceImpl final : public v1::EventService::Service {
 // The publisher's counters for /metrics, read at scrape time: kvtier_events_total,
 // kvtier_events_published_total, kvtier_event_batches_published_total, kvtier_events_unpublished_total,
 // kvtier_event_replay_requests_total{result}, kvtier_event_replayed_total,
-// kvtier_event_snapshot_requests_total, kvtier_event_last_seq. `publisher` must outlive it.
+// kvtier_event_snapshot_requests_total, kvtier_event_last_seq, kvtier_event_vllm_batches_published_total,
+// kvtier_event_vllm_replay_requests_total{result}, kvtier_event_vllm_replayed_batches_total. `publisher`
+// must outlive it.
 std::shared_ptr<prometheus::Collectable> NewEventMetrics(const EventPublisher& publisher);
 
 }  // namespace kvtier::server

@@ -41,5 +41,61 @@ TEST(EventsConfigTest, BadValuesNameTheKey) {
   EXPECT_NE(o->Validate().message().find("events.replay_buffer_events"), absl::string_view::npos);
 }
 
+TEST(EventsConfigTest, VllmFormat) {
+  auto d = ParseServerConfig("server:\n  node_id: n1\nevents:\n  enabled: true\n");
+  ASSERT_OK(d);
+  EXPECT_EQ(d->events_format, "kvtier");
+  EXPECT_EQ(d->events_vllm_topic, "");
+  EXPECT_EQ(d->events_vllm_replay_endpoint, "");
+  EXPECT_EQ(d->events_vllm_block_hash, "int");
+  EXPECT_EQ(d->events_vllm_encoding, "array");
+
+  auto o = ParseServerConfig(
+      "server:\n  node_id: n1\n"
+      "events:\n  enabled: true\n  format: both\n  vllm_pub_endpoint: tcp://0.0.0.0:5557\n"
+      "  vllm_replay_endpoint: tcp://0.0.0.0:5558\n  vllm_topic: kv\n  vllm_block_size: 64\n"
+      "  vllm_block_hash: bytes\n  vllm_data_parallel_rank: 3\n  vllm_encoding: map\n");
+  ASSERT_OK(o);
+  EXPECT_EQ(o->events_format, "both");
+  EXPECT_EQ(o->events_vllm_pub_endpoint, "tcp://0.0.0.0:5557");
+  EXPECT_EQ(o->events_vllm_replay_endpoint, "tcp://0.0.0.0:5558");
+  EXPECT_EQ(o->events_vllm_topic, "kv");
+  EXPECT_EQ(o->events_vllm_block_size, 64u);
+  EXPECT_EQ(o->events_vllm_block_hash, "bytes");
+  EXPECT_EQ(o->events_vllm_data_parallel_rank, 3u);
+  EXPECT_EQ(o->events_vllm_encoding, "map");
+  EXPECT_OK(o->Validate());
+
+  auto names = [&](const char* key) { return std::string(o->Validate().message()).find(key) != std::string::npos; };
+  o->events_format = "protobuf";
+  EXPECT_TRUE(names("events.format"));
+  o->events_format = "vllm";
+  o->events_vllm_pub_endpoint = "0.0.0.0:5557";
+  EXPECT_TRUE(names("events.vllm_pub_endpoint"));
+  o->events_vllm_pub_endpoint = "tcp://0.0.0.0:5557";
+  o->events_vllm_replay_endpoint = "5558";
+  EXPECT_TRUE(names("events.vllm_replay_endpoint"));
+  o->events_vllm_replay_endpoint = "tcp://0.0.0.0:5557";
+  EXPECT_TRUE(names("events.vllm_replay_endpoint"));
+  o->events_vllm_replay_endpoint = "";
+  o->events_vllm_block_size = 0;
+  EXPECT_TRUE(names("events.vllm_block_size"));
+  o->events_vllm_block_size = 16;
+  o->events_vllm_block_hash = "hex";
+  EXPECT_TRUE(names("events.vllm_block_hash"));
+  o->events_vllm_block_hash = "int";
+  o->events_vllm_encoding = "json";
+  EXPECT_TRUE(names("events.vllm_encoding"));
+  o->events_vllm_encoding = "array";
+  EXPECT_OK(o->Validate());
+  o->events_format = "both";
+  o->events_pub_endpoint = o->events_vllm_pub_endpoint;
+  EXPECT_TRUE(names("events.vllm_pub_endpoint"));
+
+  auto neg = ParseServerConfig("events:\n  vllm_data_parallel_rank: -1\n");
+  EXPECT_FALSE(neg.ok());
+  EXPECT_NE(neg.status().message().find("events.vllm_data_parallel_rank"), absl::string_view::npos);
+}
+
 }  // namespace
 }  // namespace kvtier::server

@@ -86,6 +86,16 @@ struct ServerOptions {
   uint32_t events_replay_buffer_events = 65536;                 // Default: the latest 64 Ki events kept for Replay
   uint32_t events_max_batch_events = 256;                       // Default: at most 256 events per PUB message
   absl::Duration events_heartbeat_interval = absl::Seconds(1);  // an empty batch when idle this long
+  // Which streams: "kvtier" (the protobuf stream above), "vllm" (vLLM's msgpack KVEventBatch stream and
+  // replay socket, which KV-aware routers built for vLLM read) or "both".
+  std::string events_format = "kvtier";
+  std::string events_vllm_pub_endpoint = "tcp://0.0.0.0:5557";  // vLLM-format PUB (vLLM's default port)
+  std::string events_vllm_replay_endpoint;                      // vLLM-format replay ROUTER; empty = none
+  std::string events_vllm_topic;                                // first frame of each message; Default: "" (vLLM's)
+  uint32_t events_vllm_block_size = 16;                         // BlockStored.block_size: tokens per block
+  std::string events_vllm_block_hash = "int";   // "int" (last 8 fingerprint bytes, big-endian) or "bytes" (all 32)
+  std::string events_vllm_encoding = "array";   // "array" (structs as arrays, array_like) or "map" (by field name)
+  uint32_t events_vllm_data_parallel_rank = 0;  // KVEventBatch.data_parallel_rank
 
   std::vector<NamespaceOptions> namespaces;  // per-namespace settings; the first match applies
 
