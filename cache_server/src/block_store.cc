@@ -337,7 +337,7 @@ bool BlockStore::LoadFromDiskLocked(EntryHandle h, std::vector<std::byte>* owned
   std::optional<SlotRef> slot;
   // A leased block moves up only within its tenant's pinned bound; past it, it is served from a buffer of
   // the lease's own and stays on disk, where its lease pins no host slot.
-  if (options_.promote_on_hit && (e.lease_count == 0 || MayPinInHostLocked(e))) {
+  if (options_.promote_on_hit && (e.lease_count == 0 || MayPinInHostLocked(e, /*adds_bytes=*/true))) {
     const uint64_t slot_bytes = allocator_->SlotBytes(e.size_bytes);
     slot = allocator_->Allocate(e.size_bytes);
     while (!slot.has_value() && EvictOneLocked(slot_bytes)) slot = allocator_->Allocate(e.size_bytes);
@@ -852,6 +852,10 @@ absl::StatusOr<BlockStore::AllocateResult> BlockStore::Allocate(const NamespaceR
     while (!slot.has_value() && EvictOneLocked(slot_bytes)) slot = allocator_->Allocate(ns.block_bytes);
     if (!slot.has_value()) {
       ++rejected;
+      // Nothing evictable: from now on, for max_lease_ttl, every other tenant's leases are bounded, so
+      // that leases cannot keep this tenant out (BoundAppliesLocked).
+      refused_tenant_ = ns.tenant_id;
+      refused_until_ = now + options_.max_lease_ttl;
       continue;  // kNoSpace
     }
     const EntryHandle h = NewEntryLocked();
@@ -1059,19 +1063,31 @@ void BlockStore::SetTierLocked(EntryHandle h, Tier tier) {
   e.tier = tier;
 }
 
-bool BlockStore::MayPinInHostLocked(const Entry& e) const {
+bool BlockStore::BoundAppliesLocked(uint64_t tenant_id) const {
+  // Another tenant holds blocks here, or was refused space lately: leases are what may keep it out.
+  const bool others_hold =
+      tenant_bytes_.size() > 1 || (tenant_bytes_.size() == 1 && !tenant_bytes_.contains(tenant_id));
+  return others_hold || (refused_tenant_ != tenant_id && clock_->Now() < refused_until_);
+}
+
+bool BlockStore::MayPinInHostLocked(const Entry& e, bool adds_bytes) const {
+  if (!BoundAppliesLocked(e.tenant_id)) return true;
   const auto t = tenant_pinned_bytes_.find(e.tenant_id);
   const uint64_t pinned = t == tenant_pinned_bytes_.end() ? 0 : t->second;
+  const uint64_t bound = TenantPinnedBoundLocked(e.tenant_id);
+  // A tenant over its bound (it pinned the tier while it was alone) takes no lease at all, not even on
+  // what it holds, until its leases expire and bring it back under the bound.
+  if (!adds_bytes) return pinned <= bound;
   // A tenant with nothing pinned may always lease one block: a bound below a block never stops reads.
-  return pinned == 0 || pinned + e.size_bytes <= TenantPinnedBoundLocked(e.tenant_id);
+  return pinned == 0 || pinned + e.size_bytes <= bound;
 }
 
 bool BlockStore::MayPinLocked(EntryHandle h) const {
   const Entry& e = entries_[h];
-  // Already pinned costs nothing more; a disk or HBM block pins no host slot (a disk block read for a
-  // lease moves up only within the bound, LoadFromDiskLocked).
-  if (e.lease_count > 0 || e.tier != Tier::kHost) return true;
-  return MayPinInHostLocked(e);
+  // A disk or HBM block pins no host slot (a disk block read for a lease moves up only within the
+  // bound, LoadFromDiskLocked).
+  if (e.tier != Tier::kHost) return true;
+  return MayPinInHostLocked(e, /*adds_bytes=*/e.lease_count == 0);
 }
 
 uint64_t BlockStore::TenantPinnedBoundLocked(uint64_t tenant_id) const {

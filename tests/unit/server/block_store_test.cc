@@ -459,33 +459,35 @@ TEST_F(BlockStoreTest, ABlockThatCouldNotFitAnEmptyTierEvictsNothing) {
   EXPECT_EQ(Put(1000, huge, 5), AllocateOutcome::kAllocated);
 }
 
-// A tenant's leases pin at most tenant_pinned_share (0.5 by default) of the tier; the blocks past it are
-// answered absent, so another tenant's puts still find blocks to evict.
+// While another tenant holds blocks, a tenant's leases pin at most tenant_pinned_share (0.5 by default)
+// of the tier; the blocks past it are answered absent, so the other tenant's puts still find blocks to
+// evict.
 TEST_F(BlockStoreTest, OneTenantsLeasesCannotPinTheTierAgainstAnother) {
   MakeStore(16);
+  NamespaceRef other = ns_;
+  other.id = 12;
+  other.tenant_id = 2;
+  ASSERT_EQ(Put(99, other, 99), AllocateOutcome::kAllocated);
   std::vector<BlockKey> keys;
-  for (uint32_t n = 0; n < 16; ++n) {
+  for (uint32_t n = 0; n < 15; ++n) {
     ASSERT_EQ(Put(n, ns_, n), AllocateOutcome::kAllocated);
     keys.push_back(Key(n));
   }
   auto read = store_->AcquireRead(ns_, keys, absl::Seconds(60));
-  EXPECT_EQ(read.refused_pinned, 8u);
-  for (uint32_t n = 0; n < 16; ++n) EXPECT_EQ(read.blocks[n].present, n < 8) << n;
+  EXPECT_EQ(read.refused_pinned, 7u);
+  for (uint32_t n = 0; n < 15; ++n) EXPECT_EQ(read.blocks[n].present, n < 8) << n;
   EXPECT_EQ(store_->TenantPinnedBytes(ns_.tenant_id), 8 * kBlock);
   EXPECT_EQ(store_->TenantPinnedBound(ns_.tenant_id), 8 * kBlock);
-  // Leasing again what is already pinned costs nothing; the rest stays refused, on Lookup too.
+  // Leasing again what is already pinned stays within the bound; the rest stays refused, on Lookup too.
   auto again = store_->Lookup(ns_, keys, absl::Seconds(60));
-  EXPECT_EQ(again.refused_pinned, 8u);
-  for (uint32_t n = 0; n < 16; ++n) EXPECT_EQ(again.present[n], n < 8) << n;
-  EXPECT_EQ(store_->stats().lease_refusals_pinned.load(), 16u);
+  EXPECT_EQ(again.refused_pinned, 7u);
+  for (uint32_t n = 0; n < 15; ++n) EXPECT_EQ(again.present[n], n < 8) << n;
+  EXPECT_EQ(store_->stats().lease_refusals_pinned.load(), 14u);
   // Without a lease, Lookup answers what is present.
   auto plain = store_->Lookup(ns_, keys, absl::ZeroDuration());
   EXPECT_EQ(plain.refused_pinned, 0u);
-  EXPECT_EQ(std::count(plain.present.begin(), plain.present.end(), true), 16);
+  EXPECT_EQ(std::count(plain.present.begin(), plain.present.end(), true), 15);
 
-  NamespaceRef other = ns_;
-  other.id = 12;
-  other.tenant_id = 2;
   for (uint32_t n = 100; n < 140; ++n) EXPECT_EQ(Put(n, other, n), AllocateOutcome::kAllocated) << n;
   for (uint32_t n = 0; n < 8; ++n) EXPECT_EQ(ReadBack(n, ns_), Payload(n)) << "pinned block " << n;
   EXPECT_EQ(store_->stats().rejections_no_space.load(), 0u);
@@ -495,6 +497,33 @@ TEST_F(BlockStoreTest, OneTenantsLeasesCannotPinTheTierAgainstAnother) {
   EXPECT_EQ(store_->TenantPinnedBytes(ns_.tenant_id), 0u);
 }
 
+// A tenant alone leases freely; when another tenant is then refused space, the first takes no lease
+// (not even on what it holds) until its leases expire, and stays under its bound from then on.
+TEST_F(BlockStoreTest, ATenantAloneLeasesFreelyUntilAnotherIsRefusedSpace) {
+  MakeStore(16, absl::Seconds(2));  // leases of at most 12 s
+  std::vector<BlockKey> keys;
+  for (uint32_t n = 0; n < 16; ++n) {
+    ASSERT_EQ(Put(n, ns_, n), AllocateOutcome::kAllocated);
+    keys.push_back(Key(n));
+  }
+  auto all = store_->Lookup(ns_, keys, absl::Seconds(12));
+  EXPECT_EQ(all.refused_pinned, 0u);
+  EXPECT_EQ(store_->TenantPinnedBytes(ns_.tenant_id), 16 * kBlock);
+  NamespaceRef other = ns_;
+  other.id = 12;
+  other.tenant_id = 2;
+  EXPECT_EQ(Put(100, other, 100), AllocateOutcome::kNoSpace);  // everything leased
+  auto refused = store_->Lookup(ns_, keys, absl::Seconds(12));
+  EXPECT_EQ(refused.refused_pinned, 16u) << "over its bound: no lease, not even on pinned blocks";
+  clock_.Advance(absl::Seconds(13));
+  store_->ExpireNow();
+  EXPECT_EQ(store_->TenantPinnedBytes(ns_.tenant_id), 0u);
+  EXPECT_EQ(Put(100, other, 100), AllocateOutcome::kAllocated);
+  auto bounded = store_->Lookup(ns_, keys, absl::Seconds(12));
+  EXPECT_EQ(std::count(bounded.present.begin(), bounded.present.end(), true), 8);
+  EXPECT_EQ(store_->TenantPinnedBytes(ns_.tenant_id), 8 * kBlock);
+}
+
 TEST_F(BlockStoreTest, AQuotaBelowTheShareBoundsWhatItsTenantPins) {
   auto s = BlockStore::Create({.capacity_bytes = 16 * kBlock,
                                .slab_bytes = 16 * kBlock,
@@ -502,6 +531,10 @@ TEST_F(BlockStoreTest, AQuotaBelowTheShareBoundsWhatItsTenantPins) {
                                .tenant_quota_bytes = {{ns_.tenant_id, 6 * kBlock}}});
   ASSERT_OK(s);
   store_ = std::move(s).value();
+  NamespaceRef other = ns_;
+  other.id = 12;
+  other.tenant_id = 2;
+  ASSERT_EQ(Put(99, other, 99), AllocateOutcome::kAllocated);
   std::vector<BlockKey> keys;
   for (uint32_t n = 0; n < 6; ++n) {
     ASSERT_EQ(Put(n, ns_, n), AllocateOutcome::kAllocated);
@@ -513,10 +546,11 @@ TEST_F(BlockStoreTest, AQuotaBelowTheShareBoundsWhatItsTenantPins) {
   EXPECT_EQ(store_->TenantPinnedBytes(ns_.tenant_id), 6 * kBlock);
   store_->Release(std::span<const uint64_t>(&read.lease_id, 1));
 
-  auto half = BlockStore::Create(
+  auto quarter_store = BlockStore::Create(
       {.capacity_bytes = 16 * kBlock, .slab_bytes = 16 * kBlock, .tenant_pinned_share = 0.25, .clock = &clock_});
-  ASSERT_OK(half);
-  store_ = std::move(half).value();
+  ASSERT_OK(quarter_store);
+  store_ = std::move(quarter_store).value();
+  ASSERT_EQ(Put(99, other, 99), AllocateOutcome::kAllocated);
   for (uint32_t n = 0; n < 6; ++n) ASSERT_EQ(Put(n, ns_, n), AllocateOutcome::kAllocated);
   auto quarter = store_->Lookup(ns_, keys, absl::Seconds(60));
   EXPECT_EQ(quarter.refused_pinned, 2u);  // 4 of 16 blocks may be pinned

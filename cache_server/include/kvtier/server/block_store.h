@@ -43,7 +43,11 @@ struct BlockStoreOptions {
   // blocks held by at least one lease, as a share of capacity_bytes; a tenant with a quota may pin at
   // most the lesser of that and its quota. A lease on a host block past the bound is refused: the block
   // is answered absent (and counted in stats().lease_refusals_pinned and the result's refused_pinned),
-  // so one tenant's readers cannot pin the tier against every other tenant's puts. A leased disk block
+  // so one tenant's readers cannot pin the tier against every other tenant's puts. The bound applies
+  // while another tenant holds blocks in the store or was refused space (nothing evictable) within the
+  // last max_lease_ttl: a tenant alone on a server leases freely. A tenant over its bound when it starts
+  // to apply takes no lease at all, not even on blocks it holds, until its leases expire (within
+  // max_lease_ttl) bring it under. A leased disk block
   // pins no host slot and moves up to host memory only within the bound (else it is read into the
   // lease's own buffer); HBM blocks are not counted (puts land in host memory). A
   // tenant with nothing pinned may always lease one block, so that a bound below a block never stops its
@@ -504,10 +508,13 @@ class BlockStore {
   uint32_t UnpinEntryLocked(EntryHandle h);  // returns the entry's lease count after
   void SetTierLocked(EntryHandle h, Tier tier);
   void AddPinnedLocked(const Entry& e, bool add);
-  // Whether one more lease on entry `h` stays within its tenant's pinned bound (a pinned block, or one
-  // outside host memory, costs nothing more), and whether `e` may be pinned in host memory.
+  // Whether one more lease on entry `h` is allowed by its tenant's pinned bound (a block outside host
+  // memory always is), and whether `e` may be (adds_bytes: newly) pinned in host memory.
   bool MayPinLocked(EntryHandle h) const;
-  bool MayPinInHostLocked(const Entry& e) const;
+  bool MayPinInHostLocked(const Entry& e, bool adds_bytes) const;
+  // Whether tenant `tenant_id`'s leases are bounded now: another tenant holds blocks, or was refused
+  // space (nothing evictable) within the last max_lease_ttl.
+  bool BoundAppliesLocked(uint64_t tenant_id) const;
   uint64_t TenantPinnedBoundLocked(uint64_t tenant_id) const;
   BlockAccess AccessOf(const Entry& e) const;
   BlockInfo InfoOf(const Entry& e) const;
@@ -541,6 +548,8 @@ class BlockStore {
   uint64_t next_id_ = 1;                                                                        // guarded by mu_
   absl::flat_hash_map<uint64_t, uint64_t> tenant_bytes_;         // guarded by mu_; tenant id -> TenantBytes()
   absl::flat_hash_map<uint64_t, uint64_t> tenant_pinned_bytes_;  // guarded by mu_; -> TenantPinnedBytes()
+  uint64_t refused_tenant_ = 0;                                  // guarded by mu_: the last tenant refused space
+  absl::Time refused_until_ = absl::InfinitePast();              // guarded by mu_: until when that counts
   BlockEventSink* sink_ = nullptr;                               // guarded by mu_; not owned
   bool sink_muted_ = false;                                      // guarded by mu_; Evict of everything
   std::atomic<bool> draining_{false};
