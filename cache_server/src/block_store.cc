@@ -144,29 +144,34 @@ void BlockStore::ReconcileDiskLocked() {
       }
       continue;
     }
-    const EntryHandle h = NewEntryLocked();
-    Entry& e = entries_[h];
-    e.key = key;
-    e.namespace_id = meta.namespace_id;
-    e.tenant_id = meta.tenant_id;
-    e.size_bytes = meta.size_bytes;
-    e.checksum = meta.checksum;
-    e.depth = meta.depth;
-    e.access_count = meta.access_count;
-    e.state = State::kCommitted;
-    e.tier = Tier::kDisk;
-    e.inserted_ns = e.last_access_ns = absl::ToUnixNanos(clock_->Now());
-    index_.emplace(key, h);
-    tenant_bytes_[e.tenant_id] += e.size_bytes;
-    disk_policy_->OnInsert(h, AccessOf(e));
-    if (sink_ != nullptr) sink_->OnStored(EventInfoOf(e));
-    stats_.disk_blocks.fetch_add(1, std::memory_order_relaxed);
-    stats_.disk_bytes.fetch_add(meta.size_bytes, std::memory_order_relaxed);
+    const EntryHandle h = IndexDiskRecordLocked(key, meta);
+    if (sink_ != nullptr) sink_->OnStored(EventInfoOf(entries_[h]));
     ++added;
   }
   MakeDiskRoomLocked(0);
   KVTIER_LOG(info, "disk tier at {} reopened: {} blocks on it, {} indexed again, {} stale copies deleted",
              options_.disk_path, found.size(), added, stale);
+}
+
+EntryHandle BlockStore::IndexDiskRecordLocked(const BlockKey& key, const DiskBlockMeta& meta) {
+  const EntryHandle h = NewEntryLocked();
+  Entry& e = entries_[h];
+  e.key = key;
+  e.namespace_id = meta.namespace_id;
+  e.tenant_id = meta.tenant_id;
+  e.size_bytes = meta.size_bytes;
+  e.checksum = meta.checksum;
+  e.depth = meta.depth;
+  e.access_count = meta.access_count;
+  e.state = State::kCommitted;
+  e.tier = Tier::kDisk;
+  e.inserted_ns = e.last_access_ns = absl::ToUnixNanos(clock_->Now());
+  index_.emplace(key, h);
+  tenant_bytes_[e.tenant_id] += e.size_bytes;
+  disk_policy_->OnInsert(h, AccessOf(e));
+  stats_.disk_blocks.fetch_add(1, std::memory_order_relaxed);
+  stats_.disk_bytes.fetch_add(meta.size_bytes, std::memory_order_relaxed);
+  return h;
 }
 
 absl::Status BlockStore::RecoverDiskLocked() {
@@ -182,23 +187,7 @@ absl::Status BlockStore::RecoverDiskLocked() {
   std::sort(found.begin(), found.end(), [](const auto& a, const auto& b) { return a.second.depth > b.second.depth; });
   for (const auto& [key, meta] : found) {
     if (index_.contains(key)) continue;
-    const EntryHandle h = NewEntryLocked();
-    Entry& e = entries_[h];
-    e.key = key;
-    e.namespace_id = meta.namespace_id;
-    e.tenant_id = meta.tenant_id;
-    e.size_bytes = meta.size_bytes;
-    e.checksum = meta.checksum;
-    e.depth = meta.depth;
-    e.access_count = meta.access_count;
-    e.state = State::kCommitted;
-    e.tier = Tier::kDisk;
-    e.inserted_ns = e.last_access_ns = absl::ToUnixNanos(clock_->Now());
-    index_.emplace(key, h);
-    tenant_bytes_[e.tenant_id] += e.size_bytes;
-    disk_policy_->OnInsert(h, AccessOf(e));
-    stats_.disk_blocks.fetch_add(1, std::memory_order_relaxed);
-    stats_.disk_bytes.fetch_add(meta.size_bytes, std::memory_order_relaxed);
+    IndexDiskRecordLocked(key, meta);
     stats_.recovered_blocks.fetch_add(1, std::memory_order_relaxed);
   }
   // A smaller budget than last time: drop down to it.

@@ -28,6 +28,7 @@
 #include "kvtier/v1/admin.grpc.pb.h"
 #include "testing/scrape_metrics.h"
 #include "testing/server_process.h"
+#include "testing/sized_blocks.h"
 #include "testing/status_matchers.h"
 
 namespace kvtier {
@@ -43,32 +44,10 @@ constexpr uint64_t kVolumeBytes = 64 * kMiB;
 constexpr uint64_t kBlockBytes = 64 << 10;
 constexpr size_t kChainBlocks = 10;  // blocks per prompt (one put each)
 
-// A layout whose shard is exactly kBlockBytes: MLA, fp8, one layer, one token per block.
-Namespace DiskNamespace() {
-  Namespace ns;
-  ns.tenant = "acme";
-  ns.model = "disk-full";
-  ns.layout = {.kind = LayoutKind::kMla,
-               .dtype = DType::kFp8E4m3,
-               .num_layers = 1,
-               .latent_dim = static_cast<uint32_t>(kBlockBytes),
-               .block_tokens = 1,
-               .tp_size = 1};
-  return ns;
-}
+Namespace DiskNamespace() { return testing::SizedNamespace("acme", "disk-full", static_cast<uint32_t>(kBlockBytes)); }
 
 // Bytes derived from the fingerprint, so that a wrong block cannot pass for the right one.
-std::vector<std::byte> Payload(const Fingerprint& fp) {
-  std::vector<std::byte> b(kBlockBytes);
-  uint64_t x = fp.RingPosition() | 1;
-  for (size_t i = 0; i + 8 <= b.size(); i += 8) {
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    std::memcpy(&b[i], &x, 8);
-  }
-  return b;
-}
+std::vector<std::byte> Payload(const Fingerprint& fp) { return testing::FingerprintPayload(fp, kBlockBytes); }
 
 // Prompt `seed`'s kChainBlocks fingerprints (distinct seeds: distinct blocks).
 std::vector<Fingerprint> Chain(const Namespace& ns, uint32_t seed) {

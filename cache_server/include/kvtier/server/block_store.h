@@ -26,7 +26,8 @@
 
 namespace kvtier::server {
 
-class DiskTier;  // src/storage/disk_tier.h
+class DiskTier;        // src/storage/disk_tier.h
+struct DiskBlockMeta;  // src/storage/disk_tier.h
 
 struct BlockStoreOptions {
   uint64_t capacity_bytes = 1ULL << 30;  // Default: 1 GiB of host memory for blocks.
@@ -471,6 +472,8 @@ class BlockStore {
   // its bytes are bad) on failure.
   bool LoadFromDiskLocked(EntryHandle h, std::vector<std::byte>* owned);
   absl::Status RecoverDiskLocked();
+  // Indexes a block found on disk (committed, in the disk tier, counted) and returns its entry.
+  EntryHandle IndexDiskRecordLocked(const BlockKey& key, const DiskBlockMeta& meta);
   // After a reopen: indexes records the index lacks, deletes disk copies of blocks now in memory.
   void ReconcileDiskLocked();
   EvictionPolicy& PolicyOf(const Entry& e) {
