@@ -102,7 +102,8 @@ Outcome RunGreedyAgainstSteady(double tenant_pinned_share, Start start) {
   const Namespace greedy = TenantNamespace("greedy");
   const std::vector<Fingerprint> greedy_fps = Fingerprints(greedy, 1, kTierBlocks - held);
   for (size_t i = 0; i < greedy_fps.size(); i += 16) {
-    PutAll(**c, greedy, std::span<const Fingerprint>(greedy_fps).subspan(i, 16));
+    PutAll(**c, greedy,
+           std::span<const Fingerprint>(greedy_fps).subspan(i, std::min<size_t>(16, greedy_fps.size() - i)));
   }
   v1::LookupRequest req;
   wire::ToProto(greedy, req.mutable_namespace_());
