@@ -242,7 +242,8 @@ TEST_F(DiskFullTest, FillingTheVolumeUnderLoadDegradesToMemoryNeverCrashes) {
   const v1::TierInfo disk = DiskInfo();
   EXPECT_EQ(disk.state(), "degraded-full") << disk.state_reason();
   EXPECT_NE(disk.state_reason(), "");
-  EXPECT_LT(disk.volume_free_bytes(), disk.min_free_bytes());
+  // Under the level at which the tier resumes (1.5x the floor); RocksDB may free some space meanwhile.
+  EXPECT_LT(disk.volume_free_bytes(), disk.min_free_bytes() * 3 / 2);
   const v1::GetStatsResponse s2 = Stats();
   EXPECT_GT(s2.disk_spill_refused(), 0u) << "host evictions should have been dropped, not spilled";
   EXPECT_EQ(Metric("kvtier_disk_tier_state{state=\"degraded-full\"}"), 1);
