@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstring>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "kvtier/common/checksum.h"
 #include "kvtier/common/log.h"
@@ -83,19 +84,15 @@ absl::StatusOr<std::unique_ptr<BlockStore>> BlockStore::Create(const BlockStoreO
     // brings it back.
     store->disk_ = DiskTier::OpenOrDegrade({.path = options.disk_path,
                                             .min_free_bytes = options.disk_min_free_bytes,
-                                            .info_log_dir = options.disk_info_log_dir});
-    store->disk_capacity_ = options.disk_capacity_bytes;
-    if (const uint64_t volume = store->disk_->volume_bytes(); volume > 0) {
-      // Blob files keep a deleted block's bytes until garbage collection rewrites them, and the WAL holds
-      // a copy of the newest until they are flushed: the files may take twice the logical bytes.
-      const uint64_t limit = (volume - std::min(volume, store->disk_->min_free_bytes())) / 2;
-      if (store->disk_capacity_ > limit) {
-        KVTIER_LOG(warn,
-                   "disk tier at {}: disk_tier.capacity_bytes {} is more than the volume allows ({} bytes, half of "
-                   "its {} bytes less the {} bytes floor); using {}",
-                   options.disk_path, store->disk_capacity_, limit, volume, store->disk_->min_free_bytes(), limit);
-        store->disk_capacity_ = limit;
-      }
+                                            .info_log_dir = options.disk_info_log_dir,
+                                            .flush_interval = absl::ToChronoMilliseconds(options.disk_flush_interval)});
+    store->disk_capacity_ = store->DiskBudget();
+    if (store->disk_capacity_ < options.disk_capacity_bytes) {
+      KVTIER_LOG(warn,
+                 "disk tier at {}: disk_tier.capacity_bytes {} is more than the volume allows ({} bytes, half of "
+                 "its {} bytes less the {} bytes floor); using {}",
+                 options.disk_path, options.disk_capacity_bytes, store->disk_capacity_.load(),
+                 store->disk_->volume_bytes(), store->disk_->min_free_bytes(), store->disk_capacity_.load());
     }
     if (store->disk_->state() != DiskTierState::kOff) {
       std::lock_guard<std::mutex> lock(store->mu_);
@@ -123,19 +120,51 @@ DiskTierStatus BlockStore::disk_status() const {
   st.read_errors = e.read.load(std::memory_order_relaxed);
   st.delete_errors = e.remove.load(std::memory_order_relaxed);
   st.scan_errors = e.scan.load(std::memory_order_relaxed);
+  st.background_errors = e.background.load(std::memory_order_relaxed);
+  st.recreated = e.recreated.load(std::memory_order_relaxed);
   return st;
+}
+
+uint64_t BlockStore::DiskBudget() const {
+  // Blob files keep a deleted block's bytes until garbage collection rewrites them, and compactions
+  // write their output before they delete their input: the files may take twice the logical bytes.
+  const uint64_t limit = disk_->budget_limit();
+  return limit > 0 ? std::min(options_.disk_capacity_bytes, limit) : options_.disk_capacity_bytes;
 }
 
 void BlockStore::ProbeDisk() {
   if (disk_ == nullptr) return;
   std::lock_guard<std::mutex> lock(mu_);
-  if (disk_->Probe()) ReconcileDiskLocked();
+  const bool reopened = disk_->Probe(stats_.disk_bytes.load(std::memory_order_relaxed));
+  // The volume may have been resized: the budget follows it.
+  if (const uint64_t budget = DiskBudget(); budget != disk_capacity_.load(std::memory_order_relaxed)) {
+    KVTIER_LOG(warn, "disk tier at {}: the disk budget in force is now {} bytes (was {}; the volume is {} bytes)",
+               options_.disk_path, budget, disk_capacity_.load(std::memory_order_relaxed), disk_->volume_bytes());
+    disk_capacity_.store(budget, std::memory_order_relaxed);
+    MakeDiskRoomLocked(0);
+  }
+  if (reopened) ReconcileDiskLocked();
 }
 
 void BlockStore::ReconcileDiskLocked() {
   std::vector<std::pair<BlockKey, DiskBlockMeta>> found;
   if (!disk_->ForEach([&](const BlockKey& k, const DiskBlockMeta& m) { found.push_back({k, m}); }).ok()) return;
-  uint64_t added = 0, stale = 0;
+  uint64_t added = 0, stale = 0, lost = 0;
+  // Blocks the index has on disk that the database no longer holds (it was started empty) are gone.
+  absl::flat_hash_set<BlockKey> on_disk;
+  on_disk.reserve(found.size());
+  for (const auto& [key, meta] : found) on_disk.insert(key);
+  std::vector<EntryHandle> gone;
+  for (const auto& [key, h] : index_) {
+    if (entries_[h].tier == Tier::kDisk && entries_[h].state == State::kCommitted && entries_[h].lease_count == 0 &&
+        !on_disk.contains(key)) {
+      gone.push_back(h);
+    }
+  }
+  for (const EntryHandle h : gone) {
+    EraseEntryLocked(h);  // its disk delete finds nothing: a tombstone
+    ++lost;
+  }
   for (const auto& [key, meta] : found) {
     if (auto it = index_.find(key); it != index_.end()) {
       if (entries_[it->second].tier != Tier::kDisk) {
@@ -149,8 +178,8 @@ void BlockStore::ReconcileDiskLocked() {
     ++added;
   }
   MakeDiskRoomLocked(0);
-  KVTIER_LOG(info, "disk tier at {} reopened: {} blocks on it, {} indexed again, {} stale copies deleted",
-             options_.disk_path, found.size(), added, stale);
+  KVTIER_LOG(info, "disk tier at {} reopened: {} blocks on it, {} indexed again, {} stale copies deleted, {} lost",
+             options_.disk_path, found.size(), added, stale, lost);
 }
 
 EntryHandle BlockStore::IndexDiskRecordLocked(const BlockKey& key, const DiskBlockMeta& meta) {
@@ -315,7 +344,13 @@ void BlockStore::DemoteOrDropLocked(EntryHandle h) {
   stats_.demotions.fetch_add(1, std::memory_order_relaxed);
 }
 
-bool BlockStore::LoadFromDiskLocked(EntryHandle h, std::vector<std::byte>* owned) {
+uint64_t BlockStore::LeaseBufferBoundLocked() const {
+  return options_.lease_buffer_bytes > 0
+             ? options_.lease_buffer_bytes
+             : std::max({options_.capacity_bytes / 8, uint64_t{64} << 20, allocator_->max_block_bytes()});
+}
+
+BlockStore::DiskLoad BlockStore::LoadFromDiskLocked(EntryHandle h, std::vector<std::byte>* owned) {
   Entry& e = entries_[h];
   const DiskBlockMeta meta{.namespace_id = e.namespace_id,
                            .tenant_id = e.tenant_id,
@@ -335,20 +370,21 @@ bool BlockStore::LoadFromDiskLocked(EntryHandle h, std::vector<std::byte>* owned
   if (slot.has_value()) {
     dst = std::span<std::byte>(allocator_->Data(*slot), e.size_bytes);
   } else {
+    if (owned == nullptr) return DiskLoad::kNoBuffer;
     owned->resize(e.size_bytes);
     dst = std::span<std::byte>(*owned);
   }
   const absl::Status s = disk_->Get(e.key, meta, dst);
   if (!s.ok()) {
     if (slot.has_value()) allocator_->Free(*slot);
-    owned->clear();
+    if (owned != nullptr) owned->clear();
     if (s.code() == absl::StatusCode::kDataLoss) {
       stats_.disk_checksum_failures.fetch_add(1, std::memory_order_relaxed);
     } else if (!absl::IsUnavailable(s)) {  // Unavailable: the tier is off, the block is a miss
       stats_.disk_errors.fetch_add(1, std::memory_order_relaxed);
     }
     if (e.lease_count == 0) EraseEntryLocked(h);  // never served; a leased entry goes when released
-    return false;
+    return DiskLoad::kFailed;
   }
   if (slot.has_value()) {
     // Exclusive tiers: the block leaves the disk as it enters host memory.
@@ -364,7 +400,7 @@ bool BlockStore::LoadFromDiskLocked(EntryHandle h, std::vector<std::byte>* owned
     stats_.stored_bytes.fetch_add(allocator_->SlotBytesOf(*slot), std::memory_order_relaxed);
     stats_.promotions.fetch_add(1, std::memory_order_relaxed);
   }
-  return true;
+  return DiskLoad::kLoaded;
 }
 
 bool BlockStore::ReadHbmLocked(const Entry& e, std::vector<std::byte>* out) {
@@ -532,6 +568,8 @@ void BlockStore::EndLeaseLocked(uint64_t lease_id, Lease& lease) {
   for (EntryHandle h : lease.entries) {
     if (h != kNoEntry) UnpinEntryLocked(h);
   }
+  lease_buffer_used_ -= std::min(lease_buffer_used_, lease.owned_bytes);
+  stats_.lease_buffer_bytes.store(lease_buffer_used_, std::memory_order_relaxed);
   stats_.active_leases.fetch_sub(1, std::memory_order_relaxed);
   leases_.erase(lease_id);
 }
@@ -1105,18 +1143,33 @@ BlockStore::ReadLease BlockStore::AcquireRead(const NamespaceRef& ns, std::span<
   ExpireLocked(clock_->Now());
   // Pin every present block first, so that promoting one disk block cannot evict another of this read.
   std::vector<EntryHandle> leased = PinCommittedLocked(ns, keys, &result.refused_pinned);
+  uint64_t owned_bytes = 0, refused_buffer = 0;
+  const uint64_t buffer_bound = LeaseBufferBoundLocked();
+  auto buffer_fits = [&](uint64_t bytes) { return lease_buffer_used_ + owned_bytes + bytes <= buffer_bound; };
+  auto refuse = [&](size_t i) {  // answered absent: the lease buffers are at their bound
+    const EntryHandle h = leased[i];
+    leased[i] = kNoEntry;
+    UnpinEntryLocked(h);
+    ++refused_buffer;
+  };
   for (size_t i = 0; i < keys.size(); ++i) {
     const EntryHandle h = leased[i];
     if (h == kNoEntry) continue;
     if (entries_[h].tier == Tier::kDisk) {
       std::vector<std::byte> buffer;
-      if (!LoadFromDiskLocked(h, &buffer)) {
+      const DiskLoad load = LoadFromDiskLocked(h, buffer_fits(entries_[h].size_bytes) ? &buffer : nullptr);
+      if (load == DiskLoad::kNoBuffer) {
+        refuse(i);
+        continue;
+      }
+      if (load == DiskLoad::kFailed) {
         leased[i] = kNoEntry;
         if (UnpinEntryLocked(h) == 0) EraseEntryLocked(h);  // bad or unreadable: never served
         continue;
       }
       if (!buffer.empty()) {
         owned.resize(keys.size());
+        owned_bytes += buffer.size();
         owned[i] = std::move(buffer);
       }
     }
@@ -1127,12 +1180,17 @@ BlockStore::ReadLease BlockStore::AcquireRead(const NamespaceRef& ns, std::span<
     }
     if (entries_[h].tier == Tier::kHbm) {
       // Served from a host copy made for this lease (verified), so transports read host memory.
+      if (!buffer_fits(entries_[h].size_bytes)) {
+        refuse(i);
+        continue;
+      }
       owned.resize(keys.size());
       if (!ReadHbmLocked(entries_[h], &owned[i])) {
         leased[i] = kNoEntry;
         if (UnpinEntryLocked(h) == 0) EraseEntryLocked(h);  // bad or unreadable: never served
         continue;
       }
+      owned_bytes += owned[i].size();
     }
     Entry& e = entries_[h];
     result.blocks[i] = {.present = true, .size_bytes = e.size_bytes, .checksum = e.checksum};
@@ -1147,7 +1205,18 @@ BlockStore::ReadLease BlockStore::AcquireRead(const NamespaceRef& ns, std::span<
   stats_.read_blocks_miss.fetch_add(keys.size() - hits, std::memory_order_relaxed);
   if (hits > 0) {
     result.lease_id = NewLeaseLocked(std::move(leased), ClampLease(lease_ttl), /*counted=*/true);
-    leases_[result.lease_id].owned = std::move(owned);
+    Lease& lease = leases_[result.lease_id];
+    lease.owned = std::move(owned);
+    lease.owned_bytes = owned_bytes;
+    lease_buffer_used_ += owned_bytes;
+    stats_.lease_buffer_bytes.store(lease_buffer_used_, std::memory_order_relaxed);
+  }
+  if (refused_buffer > 0) {
+    stats_.lease_refusals_buffer.fetch_add(refused_buffer, std::memory_order_relaxed);
+    KVTIER_LOG_EVERY(std::chrono::seconds(10), warn,
+                     "lease buffers at their bound ({} bytes, leases.buffer_bytes): {} disk or HBM blocks answered "
+                     "absent; raise the bound, or let disk hits move up (disk_tier.promote_on_hit)",
+                     buffer_bound, refused_buffer);
   }
   return result;
 }
@@ -1168,7 +1237,7 @@ absl::StatusOr<BlockStore::HbmLease> BlockStore::AcquireHbmRead(const NamespaceR
     bool placed = true;
     if (entries_[h].tier == Tier::kDisk) {
       std::vector<std::byte> unused;
-      if (!LoadFromDiskLocked(h, &unused)) {
+      if (LoadFromDiskLocked(h, &unused) != DiskLoad::kLoaded) {
         leased[i] = kNoEntry;
         if (UnpinEntryLocked(h) == 0) EraseEntryLocked(h);  // bad or unreadable: never served
         continue;

@@ -502,6 +502,7 @@ grpc::Status AdminServiceImpl::GetInfo(grpc::ServerContext* ctx, const v1::GetIn
     disk->set_state_reason(st.reason);
     disk->set_volume_free_bytes(st.free_bytes);
     disk->set_min_free_bytes(st.min_free_bytes);
+    disk->set_database_bytes(st.database_bytes);
   }
   resp->set_uptime_ms(static_cast<uint64_t>(absl::ToInt64Milliseconds(absl::Now() - start_)));
   resp->set_eviction_policy(store_.eviction_policy_name());
@@ -556,6 +557,8 @@ grpc::Status AdminServiceImpl::GetStats(grpc::ServerContext* ctx, const v1::GetS
     resp->set_disk_read_errors(st.read_errors);
     resp->set_disk_delete_errors(st.delete_errors);
     resp->set_disk_open_errors(st.open_errors);
+    resp->set_disk_database_bytes(st.database_bytes);
+    resp->set_disk_background_errors(st.background_errors);
   }
   using D = ServerMetrics::Direction;
   using T = ServerMetrics::Transport;

@@ -147,7 +147,20 @@ class StoreCollectable final : public prometheus::Collectable {
       Add(by_op, static_cast<double>(st.read_errors), {{"op", "read"}});
       Add(by_op, static_cast<double>(st.delete_errors), {{"op", "delete"}});
       Add(by_op, static_cast<double>(st.scan_errors), {{"op", "scan"}});
+      Add(by_op, static_cast<double>(st.background_errors), {{"op", "background"}});
       out.push_back(std::move(by_op));
+      auto recreated = Family("kvtier_disk_recreated_total",
+                              "Times the disk tier's database could not be opened read-write for want of room "
+                              "and was started empty (it is a cache; each one is logged).",
+                              MetricType::Counter);
+      Add(recreated, static_cast<double>(st.recreated));
+      out.push_back(std::move(recreated));
+      auto database = Family("kvtier_disk_database_bytes",
+                             "Bytes of the disk tier's database files: the blocks' bytes plus garbage not yet "
+                             "collected, and SSTs.",
+                             MetricType::Gauge);
+      Add(database, static_cast<double>(st.database_bytes));
+      out.push_back(std::move(database));
       auto refused = Family("kvtier_disk_spill_refused_total",
                             "Host evictions dropped instead of spilled because the disk tier was not writable.",
                             MetricType::Counter);
@@ -223,6 +236,18 @@ class StoreCollectable final : public prometheus::Collectable {
       Add(refusals, static_cast<double>(blocks), {{"tenant", tenant}, {"reason", "pinned_bound"}});
     }
     out.push_back(std::move(refusals));
+    auto buffer_refusals = Family("kvtier_lease_buffer_refusals_total",
+                                  "Disk or HBM blocks answered absent because the leases' own buffers were at "
+                                  "their bound (leases.buffer_bytes).",
+                                  MetricType::Counter);
+    Add(buffer_refusals, v(s.lease_refusals_buffer));
+    out.push_back(std::move(buffer_refusals));
+    auto buffer_bytes = Family("kvtier_lease_buffer_bytes",
+                               "Bytes leases hold in buffers of their own (disk blocks read without moving to host "
+                               "memory, host copies of HBM blocks).",
+                               MetricType::Gauge);
+    Add(buffer_bytes, v(s.lease_buffer_bytes));
+    out.push_back(std::move(buffer_bytes));
 
     auto reservations =
         Family("kvtier_active_reservations", "Uncommitted put reservations held now.", MetricType::Gauge);

@@ -260,7 +260,8 @@ const std::map<std::string, std::map<std::string, Setter>>& Schema() {
         {"promote_on_hit", Bool(&ServerOptions::promote_on_hit)},
         {"min_free_bytes", Bytes(&ServerOptions::disk_min_free_bytes)},
         {"info_log_dir", String(&ServerOptions::disk_info_log_dir)},
-        {"probe_interval", Duration(&ServerOptions::disk_probe_interval)}}},
+        {"probe_interval", Duration(&ServerOptions::disk_probe_interval)},
+        {"flush_interval", Duration(&ServerOptions::disk_flush_interval)}}},
       {"limits",
        {{"max_block_bytes", Bytes(&ServerOptions::max_block_bytes)},
         {"max_blocks_per_request", Count(&ServerOptions::max_blocks_per_request)},
@@ -293,6 +294,7 @@ const std::map<std::string, std::map<std::string, Setter>>& Schema() {
         {"max_ttl", Duration(&ServerOptions::max_lease_ttl)},
         {"reservation_ttl", Duration(&ServerOptions::reservation_ttl)},
         {"tenant_pinned_share", Double(&ServerOptions::tenant_pinned_share)},
+        {"buffer_bytes", Bytes(&ServerOptions::lease_buffer_bytes)},
         {"expiry_interval", Duration(&ServerOptions::expiry_interval)}}},
   };
   return *schema;
@@ -366,6 +368,9 @@ absl::Status ServerOptions::Validate() const {
     return Bad("disk_tier.path", "is required when disk_tier.capacity_bytes is set");
   }
   if (disk_probe_interval <= absl::ZeroDuration()) return Bad("disk_tier.probe_interval", "must be > 0");
+  if (disk_flush_interval < absl::ZeroDuration() || disk_flush_interval == absl::InfiniteDuration()) {
+    return Bad("disk_tier.flush_interval", "must be >= 0 and finite");
+  }
   if (max_block_bytes == 0) return Bad("limits.max_block_bytes", "must be > 0");
   if (max_block_bytes > slab_bytes) {
     return Bad("limits.max_block_bytes", absl::StrCat("must be <= host_tier.slab_bytes (", slab_bytes, ")"));

@@ -138,7 +138,13 @@ TEST(ServerProcessTest, DiskTierComesBackAfterKillDashNineUnderTheSameNodeId) {
   const Namespace ns = TestNamespace();
   const uint64_t size = ns.layout.ShardBytes();
   // Host memory holds 4 blocks, so most of the 40 end up demoted to disk.
-  const std::vector<std::string> args = {"--disk_path=" + disk, "--disk_capacity_bytes=64MiB",
+  // Spills skip the WAL: the probe flushes what waited disk_tier.flush_interval (here 200 ms).
+  const std::string config = std::string(dir_template) + "/kvtier.yaml";
+  {
+    std::ofstream out(config);
+    out << "disk_tier:\n  flush_interval: 200ms\n  probe_interval: 100ms\n";
+  }
+  const std::vector<std::string> args = {"--config=" + config, "--disk_path=" + disk, "--disk_capacity_bytes=64MiB",
                                          "--host_cache_bytes=" + std::to_string(4 * size)};
   std::vector<uint32_t> tokens(40 * 16);
   for (uint32_t i = 0; i < tokens.size(); ++i) tokens[i] = i * 3 + 1;
@@ -156,6 +162,7 @@ TEST(ServerProcessTest, DiskTierComesBackAfterKillDashNineUnderTheSameNodeId) {
     auto put = (*client)->Put(ns, *fps, 0, in);
     ASSERT_OK(put);
     for (auto r : *put) ASSERT_EQ(r, client::PutResult::kStored);
+    absl::SleepFor(absl::Seconds(1));  // past flush_interval and a probe: the spills are on disk
     (*proc)->KillAndWait(SIGKILL);
   }
   auto proc = ServerProcess::Start("disk-node", args);
@@ -164,7 +171,7 @@ TEST(ServerProcessTest, DiskTierComesBackAfterKillDashNineUnderTheSameNodeId) {
   ASSERT_OK(client);
   auto look = (*client)->LookupPrefix(ns, *fps);
   ASSERT_OK(look);
-  // The 36 demoted blocks survive; the 4 that were only in host memory are gone.
+  // The 36 demoted blocks, flushed before the kill, survive; the 4 that were only in host memory are gone.
   uint32_t present = 0;
   for (bool p : look->present) present += p;
   EXPECT_EQ(present, 36u);

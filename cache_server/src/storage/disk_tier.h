@@ -3,6 +3,7 @@
 #define KVTIER_SERVER_SRC_STORAGE_DISK_TIER_H_
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -11,6 +12,7 @@
 #include <string>
 #include <string_view>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "kvtier/common/block_key.h"
@@ -56,6 +58,10 @@ struct DiskTierOptions {
   // Where RocksDB's own info log goes: "" = its warnings and errors into the server's log (no file);
   // a directory = a LOG file there, at most 4 files of 8 MiB.
   std::string info_log_dir;
+  // Writes skip RocksDB's WAL, so the blocks of the write buffers live only in memory until a flush.
+  // Probe() flushes them once the oldest has waited this long: a killed process loses at most this
+  // much of the newest spills (or the write buffers, if they fill first).
+  std::chrono::milliseconds flush_interval{5000};
 };
 
 // Disk I/O errors by operation since creation (every one is also logged, rate limited).
@@ -65,17 +71,22 @@ struct DiskErrorCounters {
   std::atomic<uint64_t> read{0};
   std::atomic<uint64_t> remove{0};
   std::atomic<uint64_t> scan{0};
+  std::atomic<uint64_t> background{0};  // RocksDB's flushes and compactions (an EventListener counts them)
+  std::atomic<uint64_t> recreated{0};   // the database was started empty (see OpenOrDegrade)
 };
 
 // Two column families in one RocksDB: "default" holds a 41-byte DiskBlockMeta per key, "blocks" the
-// payloads (blob files, no compression). Both records of a block are written in one WriteBatch, so a
-// process killed mid-write leaves either both or neither; a payload whose checksum fails is never
-// returned. Keys are the 32 fingerprint bytes then the shard as uint32 little-endian.
-// The WAL is on without fsync: a killed process loses nothing, a lost machine may lose recent writes.
+// payloads (blob files, no compression). Both records of a block are written in one WriteBatch without
+// the WAL (a cache need not write every block twice) and the two families flush together, so a process
+// killed mid-write leaves either both or neither, and loses at most its unflushed write buffers; a
+// payload whose checksum fails is never returned. Keys are the 32 fingerprint bytes then the shard as
+// uint32 little-endian.
 // RocksDB's own files are bounded so that they cannot fill the volume unnoticed: small write buffers,
-// a WAL size limit, an SstFileManager capping the database below the volume's size less the floor, and
-// no info log on the volume unless info_log_dir says so. A full or failing volume never stops the
-// process: the tier changes state (state(), reason(); logged) and Probe() brings it back.
+// blob garbage collected by compaction, an SstFileManager capping the database below the volume's size
+// less the floor, and no info log on the volume unless info_log_dir says so. A full or failing volume
+// never stops the process: the tier changes state (state(), reason(); logged) and Probe() brings it
+// back. A database that cannot be opened read-write for want of room, once the files it no longer
+// needs are deleted, and whose own files fill the volume, is started empty: it is a cache.
 // Thread-safety: all methods may be called concurrently.
 class DiskTier {
  public:
@@ -95,8 +106,8 @@ class DiskTier {
   // Errors: NotFound (not on disk), DataLoss (size or checksum mismatch), Unavailable (kOff),
   // Internal (I/O).
   absl::Status Get(const BlockKey& key, const DiskBlockMeta& meta, std::span<std::byte> out);
-  // Removes a block. Errors: FailedPrecondition (kReadOnly or kOff: nothing is written; the record
-  // stays until the next Reconcile), Internal (I/O).
+  // Removes a block. Errors: FailedPrecondition (kReadOnly or kOff: nothing is written now; the key is
+  // remembered, skipped by ForEach and deleted once the database is writable again), Internal (I/O).
   absl::Status Delete(const BlockKey& key);
   // Calls `visit` for every block's metadata (a scan of the small column family only).
   // Errors: Unavailable (kOff), Internal (I/O); records that do not parse are deleted (when
@@ -109,20 +120,35 @@ class DiskTier {
   // True when a block of `bytes` may be written now: state kOk and the volume keeps its floor after
   // it. Checks statvfs; when under the floor the state becomes kFull (logged).
   bool HasRoomFor(uint64_t bytes);
-  // Leaves a degraded state when the volume has room again (free >= 1.5 x the floor): resumes the
-  // database (DB::Resume) or reopens it. Cheap when kOk (one statvfs, which may also enter kFull).
+  // Called every probe interval. Re-reads the volume (a volume grown or shrunk while running moves the
+  // floor, when it is the default, and RocksDB's cap); flushes write buffers older than flush_interval;
+  // leaves a degraded state when the volume has room again (free >= 1.5 x the floor): resumes the
+  // database (DB::Resume) or reopens it, with a back-off (doubling up to 5 min) when the last recovery
+  // did not hold. Cheap when kOk (one statvfs, which may also enter kFull).
+  // Blob garbage: a deleted block's bytes stay in its blob file until every block of that file is
+  // gone. A cache deletes in about the order it writes, so files empty by themselves and garbage
+  // collection (which copies the live blobs of old files) is off; when the database's files grow past
+  // 1.5x `logical_bytes` (the blocks' bytes, as the caller counts them; 0: unknown) it is turned on
+  // for the oldest quarter of the blob files until they are back under 1.25x.
   // Returns true when it opened a database that was not open read-write before (the caller then
   // re-reads its records with ForEach).
-  bool Probe();
+  bool Probe(uint64_t logical_bytes = 0);
+  // True while blob garbage collection is on (see Probe).
+  bool collecting_garbage() const { return collecting_.load(std::memory_order_relaxed); }
+  // The most the disk budget may be on this volume: (volume - floor) / 2, so that blob garbage not yet
+  // collected and compactions' output have room beside the blocks (docs/config.md, "The disk budget").
+  // 0 when the volume's size is unknown.
+  uint64_t budget_limit() const;
 
   DiskTierState state() const { return state_.load(std::memory_order_relaxed); }
   std::string reason() const;  // why the state is not kOk ("" when kOk)
   const std::string& path() const { return options_.path; }
-  uint64_t volume_bytes() const { return volume_bytes_; }  // the volume's size at open (0: unknown)
-  uint64_t min_free_bytes() const { return min_free_bytes_; }
+  // The volume's size at the last probe (0: unknown).
+  uint64_t volume_bytes() const { return volume_bytes_.load(std::memory_order_relaxed); }
+  uint64_t min_free_bytes() const { return min_free_bytes_.load(std::memory_order_relaxed); }
   uint64_t free_bytes() const { return free_bytes_.load(std::memory_order_relaxed); }  // at the last check
   const DiskErrorCounters& errors() const { return errors_; }
-  // Bytes of the database's files (SST, blob, WAL) as RocksDB's SstFileManager tracks them.
+  // Bytes of the database's files (SST, blob) as RocksDB's SstFileManager tracks them.
   uint64_t database_bytes() const;
 
  private:
@@ -130,6 +156,18 @@ class DiskTier {
   explicit DiskTier(const DiskTierOptions& options);
   // Opens `impl_` read-write, else read-only; sets the state. Needs mu_.
   void OpenLocked();
+  // Deletes the SST and blob files of the database at options_.path that its current version does not
+  // reference (left by a killed process, deleted by RocksDB only after a read-write open). Returns the
+  // bytes deleted. Needs mu_, with impl_ closed.
+  uint64_t DeleteObsoleteFilesLocked();
+  // Bytes of the files in options_.path.
+  uint64_t DirectoryBytes() const;
+  // The floor and RocksDB's cap for a volume of `total` bytes. Needs mu_ (or construction).
+  void SizeForVolumeLocked(uint64_t total);
+  // Turns blob garbage collection on or off (SetOptions on the blocks family). Needs mu_ and impl_.
+  void SetGarbageCollectionLocked(bool on);
+  // Deletes the keys Delete() could not (pending_deletes_) once the database is writable. Needs mu_.
+  void ApplyPendingDeletesLocked();
   void CloseLocked();
   void SetStateLocked(DiskTierState state, std::string reason);
   // Logs an I/O error of operation `op` (rate limited), counts it and moves to the state it implies.
@@ -138,17 +176,26 @@ class DiskTier {
   bool RefreshFree();
 
   DiskTierOptions options_;
-  uint64_t volume_bytes_ = 0;
-  uint64_t min_free_bytes_ = 0;
-  uint64_t write_buffer_bytes_ = 0;
+  std::atomic<uint64_t> volume_bytes_{0};
+  std::atomic<uint64_t> min_free_bytes_{0};
+  uint64_t write_buffer_bytes_ = 0;  // set at construction: a resized volume keeps it until a reopen
   std::atomic<uint64_t> free_bytes_{0};
   std::atomic<DiskTierState> state_{DiskTierState::kOff};
+  std::atomic<bool> collecting_{false};  // blob garbage collection on (set under mu_)
   DiskErrorCounters errors_;
   mutable std::mutex mu_;
   std::string reason_;           // guarded by mu_
   std::unique_ptr<Impl> impl_;   // guarded by mu_; null when kOff
   bool read_only_open_ = false;  // guarded by mu_; impl_ was opened read-only
   bool reported_ = false;        // guarded by mu_; the first state was logged
+  // Keys Delete() refused while the database was not writable: skipped by ForEach, deleted later.
+  absl::flat_hash_set<std::string> pending_deletes_;  // guarded by mu_
+  std::chrono::steady_clock::time_point last_flush_;  // guarded by mu_
+  // Recovery back-off: no resume or reopen before next_recovery_; the delay doubles when a recovery
+  // did not last (the tier left ok within 5 min), up to 5 min.
+  std::chrono::steady_clock::time_point next_recovery_;  // guarded by mu_
+  std::chrono::steady_clock::time_point recovered_at_;   // guarded by mu_
+  std::chrono::milliseconds recovery_backoff_{0};        // guarded by mu_
 };
 
 }  // namespace kvtier::server

@@ -347,5 +347,228 @@ TEST_F(DiskFullTest, RestartOnAFullVolumeServesFromMemoryAndTheDiskTierResumesWh
   ASSERT_TRUE(server_->Running()) << ServerLog();
 }
 
+// (d) A cache churns its disk: every spill past the budget deletes an older block, and RocksDB keeps a
+// deleted block's bytes in its blob file until garbage collection rewrites that file. Ten budgets'
+// worth of distinct blocks through the tier: the database's own garbage never takes the volume under
+// its floor, so the tier stays ok, refuses no spill and sees no I/O error.
+TEST_F(DiskFullTest, ChurningTenBudgetsThroughTheDiskKeepsTheFloor) {
+  StartServer();
+  const uint64_t budget = Stats().disk_capacity_bytes();
+  ASSERT_GT(budget, 0u);
+  const uint32_t prompts = static_cast<uint32_t>(10 * budget / (kChainBlocks * kBlockBytes));
+  uint64_t least_free = kVolumeBytes, most_database = 0;
+  std::string not_ok;  // the first state other than ok, and when
+  Tally put;
+  for (uint32_t first = 0; first < prompts; first += 20) {
+    PutPrompts(first, 20, &put);
+    ASSERT_TRUE(server_->Running()) << ServerLog();
+    const v1::TierInfo disk = DiskInfo();
+    least_free = std::min<uint64_t>(least_free, disk.volume_free_bytes());
+    most_database = std::max<uint64_t>(most_database, Stats().disk_database_bytes());
+    if (disk.state() != "ok" && not_ok.empty()) {
+      not_ok = absl::StrCat(disk.state(), " after ", first + 20, " of ", prompts, " prompts: ", disk.state_reason());
+    }
+  }
+  EXPECT_EQ(not_ok, "") << ServerLog();
+  EXPECT_EQ(put.errors, 0u);
+  const v1::GetStatsResponse s = Stats();
+  EXPECT_EQ(s.disk_spill_refused(), 0u);
+  EXPECT_EQ(s.disk_errors(), 0u);
+  EXPECT_GT(s.disk_evictions(), 0u) << "the churn never went past the budget";
+  EXPECT_GE(least_free, DiskInfo().min_free_bytes());
+  std::fprintf(stderr,
+               "churn of %u prompts (%.0f MiB) through a %.1f MiB budget: database at most %.1f MiB (%.2fx the "
+               "budget), least free %.1f MiB (floor %.1f MiB), %llu disk evictions\n",
+               prompts, static_cast<double>(prompts) * kChainBlocks * kBlockBytes / kMiB,
+               static_cast<double>(budget) / kMiB, static_cast<double>(most_database) / kMiB,
+               static_cast<double>(most_database) / static_cast<double>(budget), static_cast<double>(least_free) / kMiB,
+               static_cast<double>(DiskInfo().min_free_bytes()) / kMiB,
+               static_cast<unsigned long long>(s.disk_evictions()));
+  Tally got;
+  GetPrompts(prompts - 20, 20, &got);
+  EXPECT_EQ(got.wrong, 0u);
+  EXPECT_EQ(got.errors, 0u);
+}
+
+// (d') The churn of (d), but ten blocks, each in a different blob file, are read from disk every round
+// and never promoted (promote_on_hit off), so they stay recent and each keeps its whole blob file
+// alive. Without garbage collection those files pile up; the tier turns it on when its files pass 1.5x
+// the blocks' bytes, and the floor holds.
+TEST_F(DiskFullTest, HotBlocksThatPinTheirBlobFilesDoNotFillTheVolume) {
+  const std::string config = mount_ + "/../kvtier-disk-full-hot.yaml";
+  {
+    std::ofstream out(config);
+    out << "disk_tier:\n  promote_on_hit: false\n";
+  }
+  auto args = ServerArgs();
+  args.push_back("--config=" + config);
+  auto started = ServerProcess::Start("disk-full", args);
+  std::filesystem::remove(config);
+  ASSERT_OK(started);
+  server_ = *std::move(started);
+  admin_ = v1::AdminService::NewStub(grpc::CreateChannel(server_->address(), grpc::InsecureChannelCredentials()));
+  auto c = Client::Connect({.members = {server_->address()}, .rpc_timeout = absl::Seconds(10)});
+  ASSERT_OK(c);
+  client_ = *std::move(c);
+
+  const Namespace ns = DiskNamespace();
+  const uint64_t budget = Stats().disk_capacity_bytes();
+  const uint32_t prompts = static_cast<uint32_t>(10 * budget / (kChainBlocks * kBlockBytes));
+  // One hot block every 4 prompts (2.5 MiB apart: blob files here are 2 MiB).
+  std::vector<Fingerprint> hot;
+  for (uint32_t p = 0; p < 40; p += 4) hot.push_back(Chain(ns, p)[0]);
+  auto read_hot = [&](Tally* t) {
+    std::vector<std::vector<std::byte>> out(hot.size(), std::vector<std::byte>(kBlockBytes));
+    std::vector<std::span<std::byte>> views(out.begin(), out.end());
+    for (size_t i = 0; i < hot.size(); ++i) {
+      auto got =
+          client_->Get(ns, std::span<const Fingerprint>(&hot[i], 1), 0, std::span<std::span<std::byte>>(&views[i], 1));
+      ASSERT_OK(got);
+      if ((*got)[0] == GetResult::kHit) {
+        ++t->hits;
+        if (out[i] != Payload(hot[i])) ++t->wrong;
+      } else {
+        ++t->misses;
+      }
+    }
+  };
+  Tally put, hot_reads;
+  PutPrompts(0, 40, &put);
+  std::string not_ok;
+  uint64_t least_free = kVolumeBytes, most_database = 0;
+  for (uint32_t first = 40; first < prompts; first += 10) {
+    read_hot(&hot_reads);
+    PutPrompts(first, 10, &put);
+    ASSERT_TRUE(server_->Running()) << ServerLog();
+    const v1::TierInfo disk = DiskInfo();
+    least_free = std::min<uint64_t>(least_free, disk.volume_free_bytes());
+    most_database = std::max<uint64_t>(most_database, Stats().disk_database_bytes());
+    if (disk.state() != "ok" && not_ok.empty()) {
+      not_ok = absl::StrCat(disk.state(), " after ", first + 10, " of ", prompts, " prompts: ", disk.state_reason());
+    }
+    absl::SleepFor(absl::Milliseconds(20));  // lets the probe (every second) see the growth
+  }
+  EXPECT_EQ(not_ok, "") << ServerLog();
+  EXPECT_EQ(put.errors, 0u);
+  EXPECT_EQ(hot_reads.wrong, 0u);
+  EXPECT_GT(hot_reads.hits, hot_reads.misses) << "the hot blocks should stay on disk";
+  const v1::GetStatsResponse s = Stats();
+  EXPECT_EQ(s.disk_spill_refused(), 0u);
+  EXPECT_EQ(s.disk_errors(), 0u);
+  std::fprintf(stderr,
+               "churn with 10 hot blocks on disk: database at most %.1f MiB (%.2fx the %.1f MiB budget), least free "
+               "%.1f MiB (floor %.1f MiB); hot reads %llu hits, %llu misses\n",
+               static_cast<double>(most_database) / kMiB,
+               static_cast<double>(most_database) / static_cast<double>(budget), static_cast<double>(budget) / kMiB,
+               static_cast<double>(least_free) / kMiB, static_cast<double>(DiskInfo().min_free_bytes()) / kMiB,
+               static_cast<unsigned long long>(hot_reads.hits), static_cast<unsigned long long>(hot_reads.misses));
+  EXPECT_NE(ServerLog().find("collecting blob garbage"), std::string::npos)
+      << "the hot blocks should have made the tier collect garbage";
+}
+
+// (e) Killed mid-churn, the server leaves files RocksDB would have deleted and a WAL to replay. The
+// restart opens the tier read-write (ok), not read-only for want of room, and keeps serving the disk.
+TEST_F(DiskFullTest, KilledMidChurnTheRestartOpensTheDiskReadWrite) {
+  StartServer();
+  const uint64_t budget = Stats().disk_capacity_bytes();
+  const uint32_t prompts = static_cast<uint32_t>(3 * budget / (kChainBlocks * kBlockBytes));
+  Tally put;
+  PutPrompts(0, prompts, &put);
+  ASSERT_EQ(put.errors, 0u);
+  server_->KillAndWait(SIGKILL);
+  StartServer();
+  ASSERT_TRUE(server_->Running()) << ServerLog();
+  ASSERT_TRUE(WaitForState("ok", absl::Seconds(10)))
+      << "after the restart the disk tier is " << DiskInfo().state() << ": " << DiskInfo().state_reason() << "\n"
+      << ServerLog();
+  const v1::GetStatsResponse s = Stats();
+  EXPECT_GT(s.disk_blocks(), 0u) << "the restart lost the disk's blocks";
+  Tally more, got;
+  PutPrompts(prompts, 20, &more);
+  EXPECT_EQ(more.stored, 200u);
+  GetPrompts(0, prompts + 20, &got);
+  EXPECT_EQ(got.wrong, 0u);
+  EXPECT_EQ(got.errors, 0u);
+  EXPECT_GT(got.hits, 200u);
+  EXPECT_EQ(DiskInfo().state(), "ok") << DiskInfo().state_reason();
+}
+
+// (f) Files in the database's directory that its current version no longer references (a killed
+// process's leftovers, deleted by RocksDB only after a read-write open) fill the volume: the restart
+// deletes them, opens read-write and keeps the blocks it had.
+TEST_F(DiskFullTest, ARestartDeletesTheDatabasesObsoleteFilesAndOpensReadWrite) {
+  StartServer();
+  Tally put;
+  PutPrompts(0, 60, &put);
+  const uint64_t had = Stats().disk_blocks();
+  ASSERT_GT(had, 0u);
+  server_->KillAndWait(SIGTERM);  // a clean stop flushes the write buffers
+  Fill(mount_ + "/db/999999.blob", 0);
+  ASSERT_LT(VolumeFree(mount_), 64u << 10);
+  StartServer();
+  ASSERT_TRUE(WaitForState("ok", absl::Seconds(10))) << DiskInfo().state() << ": " << DiskInfo().state_reason() << "\n"
+                                                     << ServerLog();
+  EXPECT_FALSE(std::filesystem::exists(mount_ + "/db/999999.blob"));
+  EXPECT_NE(ServerLog().find("no longer references"), std::string::npos) << ServerLog();
+  EXPECT_EQ(Stats().disk_blocks(), had) << "the blocks on disk should have survived";
+  Tally got;
+  GetPrompts(0, 60, &got);
+  EXPECT_EQ(got.wrong, 0u);
+  EXPECT_EQ(got.errors, 0u);
+  EXPECT_EQ(got.hits, had) << "every block on disk before the restart should be served";
+}
+
+// (g) A damaged database (its CURRENT file garbage) opens neither read-write nor read-only: the tier is
+// a cache, so the server starts it empty, says so in the log and kvtier_disk_recreated_total, and spills
+// to it again.
+TEST_F(DiskFullTest, ADamagedDatabaseIsStartedEmpty) {
+  StartServer();
+  Tally put;
+  PutPrompts(0, 20, &put);
+  server_->KillAndWait(SIGTERM);
+  {
+    std::ofstream current(mount_ + "/db/CURRENT", std::ios::trunc);
+    current << "not a manifest name";
+  }
+  StartServer();
+  ASSERT_TRUE(WaitForState("ok", absl::Seconds(10))) << DiskInfo().state() << ": " << DiskInfo().state_reason() << "\n"
+                                                     << ServerLog();
+  EXPECT_EQ(Metric("kvtier_disk_recreated_total"), 1);
+  EXPECT_NE(ServerLog().find("starting the disk tier empty"), std::string::npos) << ServerLog();
+  EXPECT_EQ(Stats().disk_blocks(), 0u);
+  Tally more, old;
+  PutPrompts(100, 20, &more);
+  EXPECT_EQ(more.stored, 200u);
+  EXPECT_GT(Stats().disk_blocks(), 0u) << "nothing spilled to the new database";
+  GetPrompts(0, 20, &old);  // what the damaged database held is a miss, never wrong bytes
+  EXPECT_EQ(old.wrong, 0u);
+  EXPECT_EQ(old.errors, 0u);
+}
+
+// (h) The volume grows while the server runs (tmpfs remounted at twice its size): the floor and the
+// budget in force follow it within a few probes, without a restart.
+TEST_F(DiskFullTest, AVolumeGrownWhileRunningRaisesTheBudget) {
+  StartServer();
+  const uint64_t before = Stats().disk_capacity_bytes();
+  const uint64_t floor_before = DiskInfo().min_free_bytes();
+  ASSERT_EQ(mount("tmpfs", mount_.c_str(), "tmpfs", MS_REMOUNT | MS_NOSUID | MS_NODEV, "size=128m,mode=0700"), 0)
+      << strerror(errno);
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (Stats().disk_capacity_bytes() == before && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(200));
+  const uint64_t after = Stats().disk_capacity_bytes();
+  const uint64_t floor_after = DiskInfo().min_free_bytes();
+  std::fprintf(stderr, "volume 64 -> 128 MiB: budget %.1f -> %.1f MiB, floor %.1f -> %.1f MiB\n",
+               static_cast<double>(before) / kMiB, static_cast<double>(after) / kMiB,
+               static_cast<double>(floor_before) / kMiB, static_cast<double>(floor_after) / kMiB);
+  EXPECT_EQ(floor_after, 2 * floor_before);  // the default floor is volume / 8 here
+  EXPECT_EQ(after, (2 * kVolumeBytes - floor_after) / 2);
+  EXPECT_NE(ServerLog().find("the disk budget in force is now"), std::string::npos) << ServerLog();
+  Tally put;
+  PutPrompts(0, 80, &put);  // 50 MiB: more than the old budget
+  EXPECT_EQ(put.errors, 0u);
+  EXPECT_GT(Stats().disk_bytes(), before) << "the disk should hold more than the old budget";
+  EXPECT_EQ(DiskInfo().state(), "ok") << DiskInfo().state_reason();
+}
+
 }  // namespace
 }  // namespace kvtier

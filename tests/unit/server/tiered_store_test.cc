@@ -47,10 +47,11 @@ class TieredStoreTest : public ::testing::Test {
     std::filesystem::remove_all(dir_);
   }
 
-  void Open(uint64_t host_blocks, uint64_t disk_blocks, bool promote = true) {
+  void Open(uint64_t host_blocks, uint64_t disk_blocks, bool promote = true, uint64_t lease_buffer_bytes = 0) {
     store_.reset();
     auto s = BlockStore::Create({.capacity_bytes = host_blocks * kBlock,
                                  .slab_bytes = 4 * kBlock,
+                                 .lease_buffer_bytes = lease_buffer_bytes,
                                  .disk_path = dir_.string(),
                                  .disk_capacity_bytes = disk_blocks * kBlock,
                                  .promote_on_hit = promote});
@@ -128,6 +129,33 @@ TEST_F(TieredStoreTest, WithoutPromotionReadsAreServedFromDisk) {
   EXPECT_EQ(store_->stats().promotions.load(), 0u);
 }
 
+// Disk blocks read without moving up live in the lease's own buffers; those are bounded, so readers
+// cannot take the server's memory past host capacity plus leases.buffer_bytes: past the bound a block
+// is answered absent (a miss, counted), and a released lease gives its bytes back.
+TEST_F(TieredStoreTest, LeaseBuffersForDiskReadsAreBounded) {
+  Open(2, 8, /*promote=*/false, /*lease_buffer_bytes=*/2 * kBlock);
+  for (uint32_t n = 0; n < 5; ++n) Put(n);
+  const BlockKey keys[] = {Key(0), Key(1), Key(2)};
+  for (const BlockKey& k : keys) ASSERT_EQ(store_->TierOfForTest(k), Tier::kDisk);
+  auto lease = store_->AcquireRead(ns_, keys, absl::Seconds(5));
+  EXPECT_TRUE(lease.blocks[0].present);
+  EXPECT_TRUE(lease.blocks[1].present);
+  EXPECT_FALSE(lease.blocks[2].present) << "a third buffer would pass the bound";
+  EXPECT_EQ(store_->stats().lease_refusals_buffer.load(), 1u);
+  EXPECT_EQ(store_->stats().lease_buffer_bytes.load(), 2 * kBlock);
+  std::vector<std::byte> out(kBlock);
+  ASSERT_OK(store_->CopyOut(lease.lease_id, 1, 0, out));
+  EXPECT_EQ(out, Payload(1));
+  // A second reader finds the bound taken.
+  EXPECT_TRUE(Read(2).empty());
+  EXPECT_EQ(store_->stats().lease_refusals_buffer.load(), 2u);
+  store_->Release(std::span<const uint64_t>(&lease.lease_id, 1));
+  EXPECT_EQ(store_->stats().lease_buffer_bytes.load(), 0u);
+  EXPECT_EQ(Read(2), Payload(2)) << "the released lease's bytes are free again";
+  EXPECT_EQ(store_->stats().lease_buffer_bytes.load(), 0u);
+  EXPECT_EQ(store_->TierOfForTest(Key(2)), Tier::kDisk);
+}
+
 TEST_F(TieredStoreTest, DiskTierSurvivesARestartWithUsageAndHits) {
   Open(2, 32);
   for (uint32_t n = 0; n < 12; ++n) Put(n);
@@ -194,15 +222,18 @@ TEST_F(TieredStoreTest, BudgetsHoldUnderThreeTimesOverfillWithLeasedReaders) {
 const bool kIsDiskWriter = [] {
   const char* dir = std::getenv("KVTIER_DISK_WRITER_DIR");
   if (dir == nullptr) return false;
-  auto disk = DiskTier::Open(dir);
-  if (!disk.ok()) _exit(3);
+  // Spills skip the WAL: the probe flushes the write buffers (every 4 blocks here), so the kill lands
+  // between flushes, in a write, or in a flush.
+  auto disk = DiskTier::OpenOrDegrade({.path = dir, .flush_interval = std::chrono::milliseconds(0)});
+  if (disk->state() != DiskTierState::kOk) _exit(3);
   for (uint32_t n = 0;; ++n) {
+    if (n % 4 == 3) disk->Probe();
     auto bytes = Payload(n, 256 << 10);
     const DiskBlockMeta meta{.namespace_id = 1,
                              .tenant_id = 2,
                              .size_bytes = bytes.size(),
                              .checksum = BlockChecksum(bytes.data(), bytes.size())};
-    if (!(*disk)->Put(Key(n), meta, bytes).ok()) _exit(4);
+    if (!disk->Put(Key(n), meta, bytes).ok()) _exit(4);
   }
 }();
 

@@ -54,6 +54,12 @@ struct BlockStoreOptions {
   // tenant with nothing pinned may always lease one block, so that a bound below a block never stops its
   // reads. In (0, 1]; default 0.5.
   double tenant_pinned_share = 0.5;
+  // The most bytes all leases together may hold in buffers of their own: disk blocks read for a lease
+  // without moving up to host memory (promote_on_hit off, or past the tenant's pinned bound) and host
+  // copies of HBM blocks. A block that would take them past it is answered absent (counted in
+  // stats().lease_refusals_buffer); so the server's block memory is at most capacity_bytes plus this.
+  // 0: max(capacity_bytes / 8, 64 MiB, one largest block).
+  uint64_t lease_buffer_bytes = 0;
   Clock* clock = nullptr;  // Default (null): Clock::Real(). Not owned.
   // Disk tier (RocksDB). Empty path: no disk tier, host evictions drop blocks.
   std::string disk_path;
@@ -62,7 +68,9 @@ struct BlockStoreOptions {
   // 0: max(4 x RocksDB's write buffer, min(volume / 8, 1 GiB)). See docs/config.md, "The disk budget".
   uint64_t disk_min_free_bytes = 0;
   std::string disk_info_log_dir;  // RocksDB's info log: "" = into the server's log; else a directory
-  bool promote_on_hit = true;     // a read of a disk block moves it back to host memory
+  // Write buffers older than this are flushed by ProbeDisk() (spills skip the WAL; see DiskTierOptions).
+  absl::Duration disk_flush_interval = absl::Seconds(5);
+  bool promote_on_hit = true;  // a read of a disk block moves it back to host memory
   // HBM tier above host memory: its device memory (shared so a transport may keep it alive); null = no
   // HBM tier. Slots are carved from it by slab_bytes, like the host tier's.
   std::shared_ptr<DeviceTierMemory> hbm_memory;
@@ -117,6 +125,8 @@ struct BlockStoreStats {
   std::atomic<uint64_t> quota_evictions{0};   // blocks a tenant at its quota dropped to make room
   // Present blocks answered absent because a lease on them would take their tenant past its pinned bound.
   std::atomic<uint64_t> lease_refusals_pinned{0};
+  std::atomic<uint64_t> lease_refusals_buffer{0};  // blocks answered absent: lease buffers at their bound
+  std::atomic<uint64_t> lease_buffer_bytes{0};     // bytes leases hold in buffers of their own now
   std::atomic<uint64_t> checksum_failures{0};
   std::atomic<uint64_t> expired_reservations{0};
   std::atomic<uint64_t> expired_leases{0};
@@ -149,9 +159,11 @@ struct DiskTierStatus {
   uint64_t volume_bytes = 0;    // size of the disk directory's volume at start (0: unknown)
   uint64_t free_bytes = 0;      // free on that volume at the last check
   uint64_t min_free_bytes = 0;  // the floor under which nothing is written
-  uint64_t database_bytes = 0;  // RocksDB's files (SST, blob), as its SstFileManager counts them
+  uint64_t database_bytes = 0;  // RocksDB's files (SST, blob, WAL), as its SstFileManager counts them
   // I/O errors by operation (also logged with the operation and path, rate limited).
   uint64_t open_errors = 0, write_errors = 0, read_errors = 0, delete_errors = 0, scan_errors = 0;
+  uint64_t background_errors = 0;  // RocksDB's own flushes and compactions that failed
+  uint64_t recreated = 0;          // times the database was found unusable for want of room and started empty
 };
 
 // Per-block answer of AcquireRead.
@@ -401,14 +413,16 @@ class BlockStore {
   // "cuda:0 22.0 GiB", or "" without an HBM tier.
   std::string hbm_description() const { return hbm_memory_ != nullptr ? hbm_memory_->Describe() : std::string(); }
   // The disk budget in force: disk_capacity_bytes, at most half of (the volume's size less the floor)
-  // (docs/config.md, "The disk budget"); 0 without a disk tier.
-  uint64_t disk_capacity_bytes() const { return disk_ != nullptr ? disk_capacity_ : 0; }
+  // (docs/config.md, "The disk budget"), following the volume's size as ProbeDisk() re-reads it; 0
+  // without a disk tier. Thread-safe.
+  uint64_t disk_capacity_bytes() const { return disk_ != nullptr ? disk_capacity_.load(std::memory_order_relaxed) : 0; }
   // The disk tier's state, volume and per-operation errors; a default (empty) status without a disk
   // tier. Thread-safe.
   DiskTierStatus disk_status() const;
   // Checks the disk tier's volume and leaves a degraded state once it has room again (DB::Resume or a
-  // reopen; blocks found on a reopened database are indexed again, stale copies deleted). The server
-  // calls it every disk_tier.probe_interval. No-op without a disk tier. Thread-safe.
+  // reopen; blocks found on a reopened database are indexed again, stale copies deleted, blocks it no
+  // longer holds dropped); a resized volume moves the budget in force (lowered: the disk evicts down to
+  // it). The server calls it every disk_tier.probe_interval. No-op without a disk tier. Thread-safe.
   void ProbeDisk();
   const char* eviction_policy_name() const { return policy_->name(); }
 
@@ -440,6 +454,7 @@ class BlockStore {
     std::vector<EntryHandle> entries;  // per key index; kNoEntry when absent
     // Per key index: bytes read from disk for this lease (when not promoted); empty otherwise.
     std::vector<std::vector<std::byte>> owned;
+    uint64_t owned_bytes = 0;  // sum of owned's sizes, counted in lease_buffer_used_
     absl::Time expiry;
     uint32_t pins = 0;  // copies in flight
     bool dead = false;  // released or expired while pinned: free at unpin
@@ -468,14 +483,22 @@ class BlockStore {
   bool MakeDiskRoomLocked(uint64_t bytes);
   // Counts a failed disk delete as a disk error, unless the tier only could not write at the time.
   void CountDiskDelete(const absl::Status& s);
-  // Reads a disk block into host memory (promote) or into `owned`. False (and the entry dropped when
+  // What LoadFromDiskLocked did.
+  enum class DiskLoad : uint8_t { kLoaded, kNoBuffer, kFailed };
+  // The lease buffer bound in force (BlockStoreOptions::lease_buffer_bytes, or its default).
+  uint64_t LeaseBufferBoundLocked() const;
+  // Reads a disk block into host memory (promote) or into `owned`; with `owned` null and no host slot,
+  // kNoBuffer (nothing read). kFailed: unreadable or a failed checksum. False (and the entry dropped when
   // its bytes are bad) on failure.
-  bool LoadFromDiskLocked(EntryHandle h, std::vector<std::byte>* owned);
+  DiskLoad LoadFromDiskLocked(EntryHandle h, std::vector<std::byte>* owned);
   absl::Status RecoverDiskLocked();
   // Indexes a block found on disk (committed, in the disk tier, counted) and returns its entry.
   EntryHandle IndexDiskRecordLocked(const BlockKey& key, const DiskBlockMeta& meta);
-  // After a reopen: indexes records the index lacks, deletes disk copies of blocks now in memory.
+  // After a reopen: indexes records the index lacks, deletes disk copies of blocks now in memory, drops
+  // unleased disk entries whose records are gone.
   void ReconcileDiskLocked();
+  // min(disk_capacity_bytes option, the volume's budget_limit()). Needs disk_.
+  uint64_t DiskBudget() const;
   EvictionPolicy& PolicyOf(const Entry& e) {
     return e.tier == Tier::kHost ? *policy_ : e.tier == Tier::kDisk ? *disk_policy_ : *hbm_policy_;
   }
@@ -532,7 +555,8 @@ class BlockStore {
   std::unique_ptr<EvictionPolicy> policy_;        // host entries
   std::unique_ptr<EvictionPolicy> disk_policy_;   // disk entries
   std::unique_ptr<DiskTier> disk_;                // null without a disk tier
-  uint64_t disk_capacity_ = 0;                    // the budget in force (disk_capacity_bytes())
+  uint64_t lease_buffer_used_ = 0;                // guarded by mu_; bytes of every Lease::owned
+  std::atomic<uint64_t> disk_capacity_{0};        // the budget in force (disk_capacity_bytes()); written under mu_
   std::shared_ptr<DeviceTierMemory> hbm_memory_;  // null without an HBM tier
   std::unique_ptr<SlabAllocator> hbm_allocator_;  // offsets into hbm_memory_
   std::unique_ptr<EvictionPolicy> hbm_policy_;    // HBM entries

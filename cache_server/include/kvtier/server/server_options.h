@@ -47,6 +47,10 @@ struct ServerOptions {
   uint64_t disk_min_free_bytes = 0;
   std::string disk_info_log_dir;                          // RocksDB's info log: "" = the server's log
   absl::Duration disk_probe_interval = absl::Seconds(1);  // how often a degraded disk tier is retried
+  // Spills skip RocksDB's WAL; the probe flushes write buffers older than this, so a killed server
+  // loses at most about this much (plus a probe interval) of its newest spills. Config
+  // `disk_tier.flush_interval`.
+  absl::Duration disk_flush_interval = absl::Seconds(5);
   // HBM tier (docs/config.md `hbm_tier`): hbm_memory_ratio x the device's free memory at start, at most
   // hbm_max_bytes (0 = no cap), on CUDA device hbm_device. 0 = no HBM tier. When > 0 and no CUDA device
   // is usable (or the build has no CUDA), the server logs why and runs without it. When a device is
@@ -68,6 +72,9 @@ struct ServerOptions {
   // The most of the host tier one tenant's leases may pin (BlockStoreOptions::tenant_pinned_share);
   // config `leases.tenant_pinned_share`, in (0, 1].
   double tenant_pinned_share = 0.5;
+  // The most bytes leases may hold in buffers of their own (BlockStoreOptions::lease_buffer_bytes);
+  // config `leases.buffer_bytes`; 0 = max(host_tier.capacity_bytes / 8, 64 MiB, one largest block).
+  uint64_t lease_buffer_bytes = 0;
   absl::Duration expiry_interval = absl::Milliseconds(200);  // how often leases and reservations expire
   std::string port_file;  // if set: "<grpc_port> <metrics_port> <ucx_port>\n" once bound
   // UCX bulk data plane (docs/architecture.md). Empty: no UCX listener; clients then move bytes over gRPC.
