@@ -31,7 +31,9 @@ struct Principal {
 // token, and decides what it may do:
 //   - no valid token: UNAUTHENTICATED;
 //   - a worker token: cache RPCs on namespaces of its own tenant, and GetInfo (node id, capacity);
-//     another tenant's namespace, reservation or lease, or any other admin RPC: PERMISSION_DENIED;
+//     another tenant's namespace, or any other admin RPC: PERMISSION_DENIED. Another tenant's lease or
+//     reservation id is not refused here: the store answers it exactly as an unknown id (IdHolder in
+//     kvtier/server/block_store.h), so that a refusal never says that an id is live;
 //   - an admin token: everything.
 // With no token configured (the default) every call is allowed, as an admin.
 // Every refusal is counted in `metrics` (kvtier_rejections_total{reason}).

@@ -546,21 +546,51 @@ bool BlockStore::EvictOneLocked(uint64_t slot_bytes) {
   return false;
 }
 
-uint64_t BlockStore::NewLeaseLocked(std::vector<EntryHandle> entries, absl::Duration ttl, bool counted) {
-  const uint64_t id = next_id_++;
+absl::Status UnknownLeaseError() { return absl::FailedPreconditionError("unknown or expired lease"); }
+absl::Status UnknownReservationError() { return absl::FailedPreconditionError("unknown or expired reservation"); }
+
+BlockStore::Lease* BlockStore::FindLeaseLocked(const CapabilityId& id, IdHolder holder) {
+  auto it = leases_.find(id);
+  if (it == leases_.end() || it->second.dead) return nullptr;
+  if (holder.has_value() && *holder != it->second.tenant_id) return nullptr;  // answered as unknown
+  return &it->second;
+}
+
+BlockStore::Reservation* BlockStore::FindReservationLocked(const CapabilityId& id, IdHolder holder) {
+  auto it = reservations_.find(id);
+  if (it == reservations_.end() || it->second.dead) return nullptr;
+  if (holder.has_value() && *holder != it->second.tenant_id) return nullptr;  // answered as unknown
+  return &it->second;
+}
+
+void BlockStore::EraseReservationLocked(absl::flat_hash_map<CapabilityId, Reservation>::iterator it) {
+  reservation_tag_prefixes_.erase(it->first.tag_prefix());
+  reservations_.erase(it);
+}
+
+CapabilityId BlockStore::NewLeaseLocked(std::vector<EntryHandle> entries, absl::Duration ttl, bool counted) {
+  CapabilityId id = CapabilityId::Random();
+  while (leases_.contains(id)) id = CapabilityId::Random();  // 2^-128 per live lease: never in practice
+  uint64_t tenant_id = 0;
+  for (EntryHandle h : entries) {
+    if (h != kNoEntry) {
+      tenant_id = entries_[h].tenant_id;  // one namespace per lease, so one tenant
+      break;
+    }
+  }
   if (!counted) {
     for (EntryHandle h : entries) {
       if (h != kNoEntry) PinEntryLocked(h);
     }
   }
   const absl::Time expiry = clock_->Now() + ttl;
-  leases_.emplace(id, Lease{.entries = std::move(entries), .expiry = expiry});
+  leases_.emplace(id, Lease{.entries = std::move(entries), .expiry = expiry, .tenant_id = tenant_id});
   lease_deadlines_.emplace(expiry, id);
   stats_.active_leases.fetch_add(1, std::memory_order_relaxed);
   return id;
 }
 
-void BlockStore::EndLeaseLocked(uint64_t lease_id, Lease& lease) {
+void BlockStore::EndLeaseLocked(const CapabilityId& lease_id, Lease& lease) {
   if (lease.pins > 0) {  // a copy is in flight: the last unpin ends it
     lease.dead = true;
     return;
@@ -583,7 +613,7 @@ void BlockStore::EndReservationLocked(Reservation& r) {
 
 void BlockStore::ExpireLocked(absl::Time now) {
   while (!lease_deadlines_.empty() && lease_deadlines_.top().first <= now) {
-    const uint64_t id = lease_deadlines_.top().second;
+    const CapabilityId id = lease_deadlines_.top().second;
     lease_deadlines_.pop();
     auto it = leases_.find(id);
     if (it == leases_.end() || it->second.dead) continue;
@@ -591,7 +621,7 @@ void BlockStore::ExpireLocked(absl::Time now) {
     EndLeaseLocked(id, it->second);
   }
   while (!reservation_deadlines_.empty() && reservation_deadlines_.top().first <= now) {
-    const uint64_t id = reservation_deadlines_.top().second;
+    const CapabilityId id = reservation_deadlines_.top().second;
     reservation_deadlines_.pop();
     auto it = reservations_.find(id);
     if (it == reservations_.end() || it->second.dead) continue;
@@ -601,7 +631,7 @@ void BlockStore::ExpireLocked(absl::Time now) {
       continue;
     }
     EndReservationLocked(it->second);
-    reservations_.erase(it);
+    EraseReservationLocked(it);
   }
 }
 
@@ -847,7 +877,12 @@ absl::StatusOr<BlockStore::AllocateResult> BlockStore::Allocate(const NamespaceR
   r.received_checksum.assign(keys.size(), std::nullopt);
   bool any = false;
   uint64_t rejected = 0;
-  const uint64_t reservation_id = next_id_++;
+  // A fresh id whose UCX tag prefix no live reservation has (about 2^-39 per live reservation to redraw).
+  CapabilityId reservation_id = CapabilityId::Random();
+  while (reservations_.contains(reservation_id) || reservation_tag_prefixes_.contains(reservation_id.tag_prefix())) {
+    reservation_id = CapabilityId::Random();
+  }
+  r.tenant_id = ns.tenant_id;
   const auto quota = options_.tenant_quota_bytes.find(ns.tenant_id);
   for (size_t i = 0; i < keys.size(); ++i) {
     auto it = index_.find(keys[i]);
@@ -906,6 +941,7 @@ absl::StatusOr<BlockStore::AllocateResult> BlockStore::Allocate(const NamespaceR
   if (any) {
     r.expiry = now + options_.reservation_ttl;
     reservations_.emplace(reservation_id, std::move(r));
+    reservation_tag_prefixes_.emplace(reservation_id.tag_prefix(), reservation_id);
     reservation_deadlines_.emplace(now + options_.reservation_ttl, reservation_id);
     stats_.active_reservations.fetch_add(1, std::memory_order_relaxed);
     result.reservation_id = reservation_id;
@@ -913,21 +949,17 @@ absl::StatusOr<BlockStore::AllocateResult> BlockStore::Allocate(const NamespaceR
   return result;
 }
 
-absl::Status BlockStore::Write(uint64_t reservation_id, uint32_t index, uint64_t offset,
-                               std::span<const std::byte> data) {
+absl::Status BlockStore::Write(const CapabilityId& reservation_id, uint32_t index, uint64_t offset,
+                               std::span<const std::byte> data, IdHolder holder) {
   std::byte* dst = nullptr;
   {
     std::lock_guard<std::mutex> lock(mu_);
     ExpireLocked(clock_->Now());
-    auto it = reservations_.find(reservation_id);
-    if (it == reservations_.end() || it->second.dead) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("reservation ", reservation_id, " is unknown, expired or committed"));
-    }
-    Reservation& r = it->second;
+    Reservation* found = FindReservationLocked(reservation_id, holder);
+    if (found == nullptr) return UnknownReservationError();
+    Reservation& r = *found;
     if (index >= r.entries.size() || r.entries[index] == kNoEntry) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("block ", index, " was not allocated in reservation ", reservation_id));
+      return absl::InvalidArgumentError(absl::StrCat("block ", index, " was not allocated in the reservation"));
     }
     const Entry& e = entries_[r.entries[index]];
     if (r.receiving[index] != 0) {
@@ -951,24 +983,21 @@ absl::Status BlockStore::Write(uint64_t reservation_id, uint32_t index, uint64_t
   Reservation& r = it->second;  // pinned, so still present
   if (--r.pins == 0 && r.dead) {
     EndReservationLocked(r);
-    reservations_.erase(it);
+    EraseReservationLocked(it);
   }
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::vector<CommitOutcome>> BlockStore::Commit(uint64_t reservation_id,
-                                                              std::span<const uint64_t> checksums) {
+absl::StatusOr<std::vector<CommitOutcome>> BlockStore::Commit(const CapabilityId& reservation_id,
+                                                              std::span<const uint64_t> checksums, IdHolder holder) {
   std::vector<std::pair<const std::byte*, uint64_t>> blocks;  // (data, size) of complete blocks
   std::vector<CommitOutcome> outcomes;
   {
     std::lock_guard<std::mutex> lock(mu_);
     ExpireLocked(clock_->Now());
-    auto it = reservations_.find(reservation_id);
-    if (it == reservations_.end() || it->second.dead) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("reservation ", reservation_id, " is unknown, expired or committed"));
-    }
-    Reservation& r = it->second;
+    Reservation* found = FindReservationLocked(reservation_id, holder);
+    if (found == nullptr) return UnknownReservationError();
+    Reservation& r = *found;
     if (checksums.size() != r.entries.size()) {
       return absl::InvalidArgumentError(absl::StrCat(checksums.size(), " checksums for ", r.entries.size(), " keys"));
     }
@@ -1016,7 +1045,7 @@ absl::StatusOr<std::vector<CommitOutcome>> BlockStore::Commit(uint64_t reservati
     e.state = State::kCommitted;
     e.inserted_ns = e.last_access_ns = absl::ToUnixNanos(clock_->Now());
     e.checksum = actual[i];
-    e.reservation_id = 0;
+    e.reservation_id = CapabilityId();
     e.access_count = 1;
     policy_->OnInsert(h, AccessOf(e));
     outcomes[i] = CommitOutcome::kCommitted;
@@ -1027,20 +1056,20 @@ absl::StatusOr<std::vector<CommitOutcome>> BlockStore::Commit(uint64_t reservati
   }
   stats_.checksum_failures.fetch_add(failures, std::memory_order_relaxed);
   stats_.active_reservations.fetch_sub(1, std::memory_order_relaxed);
-  reservations_.erase(it);
+  EraseReservationLocked(it);
   return outcomes;
 }
 
-void BlockStore::Abort(uint64_t reservation_id) {
+void BlockStore::Abort(const CapabilityId& reservation_id, IdHolder holder) {
   std::lock_guard<std::mutex> lock(mu_);
+  if (FindReservationLocked(reservation_id, holder) == nullptr) return;
   auto it = reservations_.find(reservation_id);
-  if (it == reservations_.end() || it->second.dead) return;
   if (it->second.pins > 0) {
     it->second.dead = true;
     return;
   }
   EndReservationLocked(it->second);
-  reservations_.erase(it);
+  EraseReservationLocked(it);
 }
 
 std::vector<EntryHandle> BlockStore::PinCommittedLocked(const NamespaceRef& ns, std::span<const BlockKey> keys,
@@ -1267,7 +1296,8 @@ absl::StatusOr<BlockStore::HbmLease> BlockStore::AcquireHbmRead(const NamespaceR
   return result;
 }
 
-absl::Status BlockStore::CopyOut(uint64_t lease_id, uint32_t index, uint64_t offset, std::span<std::byte> dst) {
+absl::Status BlockStore::CopyOut(const CapabilityId& lease_id, uint32_t index, uint64_t offset,
+                                 std::span<std::byte> dst) {
   // The copy runs unlocked; the pin keeps the bytes (and defers the lease's end) until Unpin.
   auto pinned = PinForSend(lease_id, index);
   if (!pinned.ok()) return pinned.status();
@@ -1282,37 +1312,37 @@ absl::Status BlockStore::CopyOut(uint64_t lease_id, uint32_t index, uint64_t off
   return status;
 }
 
-uint32_t BlockStore::Release(std::span<const uint64_t> lease_ids) {
+uint32_t BlockStore::Release(std::span<const CapabilityId> lease_ids, IdHolder holder) {
   uint32_t released = 0;
   std::lock_guard<std::mutex> lock(mu_);
-  for (uint64_t id : lease_ids) {
-    auto it = leases_.find(id);
-    if (it == leases_.end() || it->second.dead) continue;
+  for (const CapabilityId& id : lease_ids) {
+    Lease* lease = FindLeaseLocked(id, holder);
+    if (lease == nullptr) continue;
     ++released;
-    EndLeaseLocked(id, it->second);
+    EndLeaseLocked(id, *lease);
   }
   ExpireLocked(clock_->Now());
   return released;
 }
 
-std::optional<uint64_t> BlockStore::ReservationTenant(uint64_t reservation_id) const {
+std::optional<uint64_t> BlockStore::ReservationTenant(const CapabilityId& reservation_id) const {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = reservations_.find(reservation_id);
   if (it == reservations_.end() || it->second.dead) return std::nullopt;
-  for (EntryHandle h : it->second.entries) {
-    if (h != kNoEntry) return entries_[h].tenant_id;
-  }
-  return std::nullopt;
+  return it->second.tenant_id;
 }
 
-std::optional<uint64_t> BlockStore::LeaseTenant(uint64_t lease_id) const {
+std::optional<uint64_t> BlockStore::LeaseTenant(const CapabilityId& lease_id) const {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = leases_.find(lease_id);
   if (it == leases_.end() || it->second.dead) return std::nullopt;
-  for (EntryHandle h : it->second.entries) {
-    if (h != kNoEntry) return entries_[h].tenant_id;
-  }
-  return std::nullopt;
+  return it->second.tenant_id;
+}
+
+bool BlockStore::PutTagFreeFor(const CapabilityId& reservation_id) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = reservation_tag_prefixes_.find(reservation_id.tag_prefix());
+  return it == reservation_tag_prefixes_.end() || it->second == reservation_id;
 }
 
 uint64_t BlockStore::TenantBytes(uint64_t tenant_id) const {
@@ -1346,16 +1376,15 @@ bool BlockStore::MakeQuotaRoomLocked(uint64_t tenant_id, uint64_t quota_bytes, u
 
 std::span<std::byte> BlockStore::HostRegion() const { return allocator_->Region(); }
 
-absl::StatusOr<BlockStore::PinnedBlock> BlockStore::PinForSend(uint64_t lease_id, uint32_t index) {
+absl::StatusOr<BlockStore::PinnedBlock> BlockStore::PinForSend(const CapabilityId& lease_id, uint32_t index,
+                                                               IdHolder holder) {
   std::lock_guard<std::mutex> lock(mu_);
   ExpireLocked(clock_->Now());
-  auto it = leases_.find(lease_id);
-  if (it == leases_.end() || it->second.dead) {
-    return absl::FailedPreconditionError(absl::StrCat("lease ", lease_id, " is unknown, released or expired"));
-  }
-  Lease& lease = it->second;
+  Lease* found = FindLeaseLocked(lease_id, holder);
+  if (found == nullptr) return UnknownLeaseError();
+  Lease& lease = *found;
   if (index >= lease.entries.size() || lease.entries[index] == kNoEntry) {
-    return absl::InvalidArgumentError(absl::StrCat("block ", index, " is not held by lease ", lease_id));
+    return absl::InvalidArgumentError(absl::StrCat("block ", index, " is not held by the lease"));
   }
   const Entry& e = entries_[lease.entries[index]];
   PinnedBlock pinned{.size_bytes = e.size_bytes, .expires_in = lease.expiry - clock_->Now()};
@@ -1368,7 +1397,7 @@ absl::StatusOr<BlockStore::PinnedBlock> BlockStore::PinForSend(uint64_t lease_id
   return pinned;
 }
 
-void BlockStore::Unpin(uint64_t lease_id, uint32_t /*index*/) {
+void BlockStore::Unpin(const CapabilityId& lease_id, uint32_t /*index*/) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = leases_.find(lease_id);
   if (it == leases_.end() || it->second.pins == 0) return;  // not pinned: a caller bug, ignored
@@ -1379,22 +1408,18 @@ void BlockStore::Unpin(uint64_t lease_id, uint32_t /*index*/) {
   }
 }
 
-absl::StatusOr<BlockStore::PinnedBlock> BlockStore::PinForReceive(uint64_t reservation_id, uint32_t index) {
+absl::StatusOr<BlockStore::PinnedBlock> BlockStore::PinForReceive(const CapabilityId& reservation_id, uint32_t index,
+                                                                  IdHolder holder) {
   std::lock_guard<std::mutex> lock(mu_);
   ExpireLocked(clock_->Now());
-  auto it = reservations_.find(reservation_id);
-  if (it == reservations_.end() || it->second.dead) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("reservation ", reservation_id, " is unknown, expired or committed"));
-  }
-  Reservation& r = it->second;
+  Reservation* found = FindReservationLocked(reservation_id, holder);
+  if (found == nullptr) return UnknownReservationError();
+  Reservation& r = *found;
   if (index >= r.entries.size() || r.entries[index] == kNoEntry) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("block ", index, " was not allocated in reservation ", reservation_id));
+    return absl::InvalidArgumentError(absl::StrCat("block ", index, " was not allocated in the reservation"));
   }
   if (r.receiving[index] != 0 || r.written[index] != 0) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("block ", index, " of reservation ", reservation_id, " is already being received or written"));
+    return absl::FailedPreconditionError(absl::StrCat("block ", index, " is already being received or written"));
   }
   const Entry& e = entries_[r.entries[index]];
   r.receiving[index] = 1;
@@ -1403,7 +1428,7 @@ absl::StatusOr<BlockStore::PinnedBlock> BlockStore::PinForReceive(uint64_t reser
       .data = allocator_->Data(e.slot), .size_bytes = e.size_bytes, .expires_in = r.expiry - clock_->Now()};
 }
 
-void BlockStore::FinishReceive(uint64_t reservation_id, uint32_t index, uint64_t bytes, bool ok,
+void BlockStore::FinishReceive(const CapabilityId& reservation_id, uint32_t index, uint64_t bytes, bool ok,
                                std::optional<uint64_t> checksum) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = reservations_.find(reservation_id);
@@ -1417,7 +1442,7 @@ void BlockStore::FinishReceive(uint64_t reservation_id, uint32_t index, uint64_t
   }
   if (--r.pins == 0 && r.dead) {
     EndReservationLocked(r);
-    reservations_.erase(it);
+    EraseReservationLocked(it);
   }
 }
 

@@ -55,13 +55,11 @@ absl::StatusOr<CacheServiceImpl::Parsed> CacheServiceImpl::ParseFor(const Princi
   return p;
 }
 
-grpc::Status CacheServiceImpl::AuthorizeReservation(const grpc::ServerContext& ctx, uint64_t id) const {
+grpc::Status CacheServiceImpl::AuthenticateHolder(const grpc::ServerContext& ctx, IdHolder* holder) const {
   Principal who;
   if (grpc::Status s = auth_.Authenticate(ctx, &who); !s.ok()) return s;
-  if (who.admin()) return grpc::Status::OK;
-  const std::optional<uint64_t> tenant = store_.ReservationTenant(id);
-  if (!tenant.has_value()) return grpc::Status::OK;  // unknown or ended: the store answers for it
-  return auth_.CheckTenant(who, *tenant, absl::StrCat("reservation ", id));
+  *holder = who.admin() ? kAnyTenant : IdHolder(who.tenant_id);
+  return grpc::Status::OK;
 }
 
 void CacheServiceImpl::NotePinnedRefusals(const Parsed& p, uint32_t refused) {
@@ -93,7 +91,7 @@ grpc::Status CacheServiceImpl::Lookup(grpc::ServerContext* ctx, const v1::Lookup
   metrics_.groups().Record(req->group_key(), r.present.size(), hits, p->shadow);
   resp->mutable_present()->Reserve(static_cast<int>(r.present.size()));
   for (bool b : r.present) resp->add_present(b && !p->shadow);
-  resp->set_lease_id(r.lease_id);
+  resp->set_lease_id(r.lease_id.ToWire());
   resp->set_lease_ms(static_cast<uint32_t>(absl::ToInt64Milliseconds(r.lease_ttl)));
   return Finish("Lookup", start, grpc::Status::OK);
 }
@@ -114,11 +112,11 @@ grpc::Status CacheServiceImpl::Allocate(grpc::ServerContext* ctx, const v1::Allo
   if (ctx->IsCancelled()) return Finish("Allocate", start, grpc::Status(grpc::StatusCode::CANCELLED, "caller gave up"));
   auto r = store_.Allocate(p->ns, p->keys, depths);
   if (!r.ok()) return Finish("Allocate", start, wire::ToGrpc(r.status()));
-  if (ctx->IsCancelled() && r->reservation_id != 0) {
+  if (ctx->IsCancelled() && !r->reservation_id.null()) {
     store_.Abort(r->reservation_id);
     return Finish("Allocate", start, grpc::Status(grpc::StatusCode::CANCELLED, "caller gave up"));
   }
-  resp->set_reservation_id(r->reservation_id);
+  resp->set_reservation_id(r->reservation_id.ToWire());
   resp->set_block_bytes(p->ns.block_bytes);
   resp->set_reservation_ttl_ms(static_cast<uint32_t>(absl::ToInt64Milliseconds(r->ttl)));
   for (AllocateOutcome o : r->outcomes) {
@@ -143,24 +141,15 @@ grpc::Status CacheServiceImpl::Allocate(grpc::ServerContext* ctx, const v1::Allo
 grpc::Status CacheServiceImpl::WriteBlocks(grpc::ServerContext* ctx, grpc::ServerReader<v1::WriteBlocksRequest>* reader,
                                            v1::WriteBlocksResponse* resp) {
   const absl::Time start = absl::Now();
-  if (auth_.enabled()) {
-    if (grpc::Status s = auth_.AuthorizeAny(*ctx); !s.ok()) return Finish("WriteBlocks", start, s);
-  }
+  IdHolder holder;
+  if (grpc::Status s = AuthenticateHolder(*ctx, &holder); !s.ok()) return Finish("WriteBlocks", start, s);
   v1::WriteBlocksRequest chunk;
   uint64_t written = 0;
-  uint64_t authorized_id = 0;  // the reservation the caller was last found allowed to write
   while (reader->Read(&chunk)) {
-    if (auth_.enabled() && chunk.reservation_id() != authorized_id) {
-      if (grpc::Status s = AuthorizeReservation(*ctx, chunk.reservation_id()); !s.ok()) {
-        metrics_.CountTransfer(ServerMetrics::Direction::kWrite, ServerMetrics::Transport::kGrpc, written);
-        return Finish("WriteBlocks", start, s);
-      }
-      authorized_id = chunk.reservation_id();
-    }
     const std::string& data = chunk.data();
     absl::Status s =
-        store_.Write(chunk.reservation_id(), chunk.index(), chunk.offset(),
-                     std::span<const std::byte>(reinterpret_cast<const std::byte*>(data.data()), data.size()));
+        store_.Write(CapabilityId::FromWire(chunk.reservation_id()), chunk.index(), chunk.offset(),
+                     std::span<const std::byte>(reinterpret_cast<const std::byte*>(data.data()), data.size()), holder);
     if (!s.ok()) {
       metrics_.CountTransfer(ServerMetrics::Direction::kWrite, ServerMetrics::Transport::kGrpc, written);
       return Finish("WriteBlocks", start, wire::ToGrpc(s));
@@ -175,9 +164,10 @@ grpc::Status CacheServiceImpl::WriteBlocks(grpc::ServerContext* ctx, grpc::Serve
 grpc::Status CacheServiceImpl::Commit(grpc::ServerContext* ctx, const v1::CommitRequest* req,
                                       v1::CommitResponse* resp) {
   const absl::Time start = absl::Now();
-  if (grpc::Status s = AuthorizeReservation(*ctx, req->reservation_id()); !s.ok()) return Finish("Commit", start, s);
+  IdHolder holder;
+  if (grpc::Status s = AuthenticateHolder(*ctx, &holder); !s.ok()) return Finish("Commit", start, s);
   std::vector<uint64_t> sums(req->checksums().begin(), req->checksums().end());
-  auto r = store_.Commit(req->reservation_id(), sums);
+  auto r = store_.Commit(CapabilityId::FromWire(req->reservation_id()), sums, holder);
   if (!r.ok()) return Finish("Commit", start, wire::ToGrpc(r.status()));
   for (CommitOutcome o : *r) {
     switch (o) {
@@ -200,8 +190,9 @@ grpc::Status CacheServiceImpl::Commit(grpc::ServerContext* ctx, const v1::Commit
 
 grpc::Status CacheServiceImpl::Abort(grpc::ServerContext* ctx, const v1::AbortRequest* req, v1::AbortResponse*) {
   const absl::Time start = absl::Now();
-  if (grpc::Status s = AuthorizeReservation(*ctx, req->reservation_id()); !s.ok()) return Finish("Abort", start, s);
-  store_.Abort(req->reservation_id());
+  IdHolder holder;
+  if (grpc::Status s = AuthenticateHolder(*ctx, &holder); !s.ok()) return Finish("Abort", start, s);
+  store_.Abort(CapabilityId::FromWire(req->reservation_id()), holder);  // unknown and foreign ids alike: OK
   return Finish("Abort", start, grpc::Status::OK);
 }
 
@@ -222,7 +213,7 @@ grpc::Status CacheServiceImpl::Read(grpc::ServerContext* ctx, const v1::ReadRequ
   BlockStore::ReadLease lease = store_.AcquireRead(p->ns, p->keys, absl::Milliseconds(req->lease_ms()));
   NotePinnedRefusals(*p, lease.refused_pinned);
   v1::ReadResponse head;
-  head.set_lease_id(lease.lease_id);
+  head.set_lease_id(lease.lease_id.ToWire());
   for (const ReadBlockInfo& b : lease.blocks) {
     v1::BlockStatus* s = head.add_blocks();
     s->set_present(b.present);
@@ -232,9 +223,8 @@ grpc::Status CacheServiceImpl::Read(grpc::ServerContext* ctx, const v1::ReadRequ
   grpc::Status status = grpc::Status::OK;
   if (req->status_only()) {
     // The bytes go over UCX; the lease stays until Release, the UCX request's release, or expiry.
-    if (!writer->Write(head) && lease.lease_id != 0) {
-      const uint64_t id = lease.lease_id;
-      store_.Release(std::span<const uint64_t>(&id, 1));
+    if (!writer->Write(head) && !lease.lease_id.null()) {
+      store_.Release(std::span<const CapabilityId>(&lease.lease_id, 1));
       status = grpc::Status(grpc::StatusCode::CANCELLED, "client went away");
     }
     return Finish("Read", start, status);
@@ -270,10 +260,7 @@ grpc::Status CacheServiceImpl::Read(grpc::ServerContext* ctx, const v1::ReadRequ
     }
   }
   metrics_.CountTransfer(ServerMetrics::Direction::kRead, ServerMetrics::Transport::kGrpc, sent);
-  if (!req->hold_lease() && lease.lease_id != 0) {
-    const uint64_t id = lease.lease_id;
-    store_.Release(std::span<const uint64_t>(&id, 1));
-  }
+  if (!req->hold_lease() && !lease.lease_id.null()) store_.Release(std::span<const CapabilityId>(&lease.lease_id, 1));
   return Finish("Read", start, status);
 }
 
@@ -286,7 +273,7 @@ void CacheServiceImpl::LeaseParsed(const Parsed& p, uint32_t lease_ms, v1::ReadR
   }
   BlockStore::ReadLease lease = store_.AcquireRead(p.ns, p.keys, absl::Milliseconds(lease_ms));
   NotePinnedRefusals(p, lease.refused_pinned);
-  resp->set_lease_id(lease.lease_id);
+  resp->set_lease_id(lease.lease_id.ToWire());
   for (const ReadBlockInfo& b : lease.blocks) {
     v1::BlockStatus* s = resp->add_blocks();
     s->set_present(b.present);
@@ -300,9 +287,9 @@ grpc::Status CacheServiceImpl::Lease(grpc::ServerContext* ctx, const v1::ReadReq
   auto p = Parse(*ctx, req->namespace_(), req->keys());
   if (!p.ok()) return Finish("Lease", start, wire::ToGrpc(p.status()));
   LeaseParsed(*p, req->lease_ms(), resp);
-  if (ctx->IsCancelled() && resp->lease_id() != 0) {  // nobody will use or release it
-    const uint64_t id = resp->lease_id();
-    store_.Release(std::span<const uint64_t>(&id, 1));
+  if (ctx->IsCancelled() && !resp->lease_id().empty()) {  // nobody will use or release it
+    const CapabilityId id = CapabilityId::FromWire(resp->lease_id());
+    store_.Release(std::span<const CapabilityId>(&id, 1));
     return Finish("Lease", start, grpc::Status(grpc::StatusCode::CANCELLED, "client went away"));
   }
   return Finish("Lease", start, grpc::Status::OK);
@@ -328,19 +315,13 @@ absl::Status CacheServiceImpl::LeaseWithoutToken(const v1::ReadRequest& req, v1:
 grpc::Status CacheServiceImpl::Release(grpc::ServerContext* ctx, const v1::ReleaseRequest* req,
                                        v1::ReleaseResponse* resp) {
   const absl::Time start = absl::Now();
-  std::vector<uint64_t> ids(req->lease_ids().begin(), req->lease_ids().end());
-  if (auth_.enabled()) {
-    Principal who;
-    if (grpc::Status s = auth_.Authenticate(*ctx, &who); !s.ok()) return Finish("Release", start, s);
-    for (uint64_t id : ids) {
-      const std::optional<uint64_t> tenant = who.admin() ? std::nullopt : store_.LeaseTenant(id);
-      if (!tenant.has_value()) continue;  // unknown or ended leases are ignored, as by the store
-      if (grpc::Status s = auth_.CheckTenant(who, *tenant, absl::StrCat("lease ", id)); !s.ok()) {
-        return Finish("Release", start, s);
-      }
-    }
-  }
-  resp->set_released(store_.Release(ids));
+  IdHolder holder;
+  if (grpc::Status s = AuthenticateHolder(*ctx, &holder); !s.ok()) return Finish("Release", start, s);
+  std::vector<CapabilityId> ids;
+  ids.reserve(req->lease_ids_size());
+  for (const std::string& id : req->lease_ids()) ids.push_back(CapabilityId::FromWire(id));
+  // Unknown, ended and other tenants' leases are skipped alike (and not counted).
+  resp->set_released(store_.Release(ids, holder));
   return Finish("Release", start, grpc::Status::OK);
 }
 

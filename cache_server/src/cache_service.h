@@ -52,8 +52,10 @@ class CacheServiceImpl final : public v1::CacheService::Service {
   // Leases the present blocks of `p` for lease_ms (0: the default) and fills `resp` (block status,
   // checksums, lease id).
   void LeaseParsed(const Parsed& p, uint32_t lease_ms, v1::ReadResponse* resp);
-  // The caller may act on reservation `id` (an unknown one passes: the store refuses it).
-  grpc::Status AuthorizeReservation(const grpc::ServerContext& ctx, uint64_t id) const;
+  // Authenticates the caller of `ctx` and sets *holder to whose lease and reservation ids it may use: its
+  // tenant for a worker, kAnyTenant for an admin (or any caller of a server without tokens). Errors:
+  // UNAUTHENTICATED.
+  grpc::Status AuthenticateHolder(const grpc::ServerContext& ctx, IdHolder* holder) const;
   grpc::Status Finish(const char* method, absl::Time start, const grpc::Status& status);
   // Counts (by tenant) and logs, rate limited, the present blocks a lease refused because their tenant
   // is at its pinned bound.

@@ -91,7 +91,7 @@ class AbusiveClientTest : public ::testing::Test {
   }
 
   // Leases `fps` with a raw Lookup and never releases the lease.
-  uint64_t LeaseAndAbandon(std::span<const Fingerprint> fps, uint32_t lease_ms) {
+  std::string LeaseAndAbandon(std::span<const Fingerprint> fps, uint32_t lease_ms) {
     v1::LookupRequest req;
     *req.mutable_namespace_() = pns_;
     std::vector<BlockKey> keys;
@@ -116,7 +116,7 @@ TEST_F(AbusiveClientTest, AbandonedLeasesCannotPinMemoryPastTheMaximumLeaseTime)
   const auto first = Chain(ns_, kBlocks, 1);
   ASSERT_EQ(Put(first), kBlocks);
   // Lease everything for an hour and walk away: the server caps it at max_lease_ttl (600 ms).
-  ASSERT_NE(LeaseAndAbandon(first, 3'600'000), 0u);
+  ASSERT_EQ(LeaseAndAbandon(first, 3'600'000).size(), CapabilityId::kBytes);
   const auto second = Chain(ns_, kBlocks, 2);
   EXPECT_EQ(Put(second), 0u) << "every slot is leased: puts are refused (no space), not queued";
   EXPECT_GT(server_->store_for_test().stats().rejections_no_space.load(), 0u);
@@ -139,7 +139,7 @@ TEST_F(AbusiveClientTest, AStreamAbandonedMidBlockNeverBecomesVisibleAndFreesIts
     grpc::ClientContext ctx;
     ASSERT_TRUE(stub_->Allocate(&ctx, areq, &aresp).ok());
   }
-  ASSERT_NE(aresp.reservation_id(), 0u);
+  ASSERT_EQ(aresp.reservation_id().size(), CapabilityId::kBytes);
   // Half of the first block, then the client vanishes without WritesDone or Commit.
   {
     grpc::ClientContext ctx;

@@ -75,7 +75,7 @@ TEST(HbmTierCudaTest, BlocksMoveThroughDeviceMemoryByteForByte) {
       std::vector<std::byte> out(kBlock);
       ASSERT_OK(store->CopyOut(lease.lease_id, 0, 0, out));
       EXPECT_EQ(out, Payload(n)) << n;
-      store->Release(std::span<const uint64_t>(&lease.lease_id, 1));
+      store->Release(std::span<const CapabilityId>(&lease.lease_id, 1));
       EXPECT_EQ(store->TierOfForTest(k), Tier::kHbm);
     }
   }

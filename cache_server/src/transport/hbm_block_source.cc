@@ -20,10 +20,10 @@ absl::StatusOr<nccl::DeviceBlockLease> HbmBlockSource::Resolve(const Namespace& 
       blocks[i] = nccl::DeviceSpan{.ptr = b->device_data, .size_bytes = b->size_bytes};
     }
   }
-  const uint64_t lease_id = lease->lease_id;
+  const CapabilityId lease_id = lease->lease_id;
   BlockStore* store = &store_;
   return nccl::DeviceBlockLease(std::move(blocks), [store, lease_id] {
-    if (lease_id != 0) store->Release(std::span<const uint64_t>(&lease_id, 1));
+    if (!lease_id.null()) store->Release(std::span<const CapabilityId>(&lease_id, 1));
   });
 }
 

@@ -73,7 +73,7 @@ struct UcxServer::Impl {
   struct Batch {
     bool is_put = false;
     uint64_t request_id = 0;
-    uint64_t id = 0;  // lease id (get) or reservation id (put)
+    CapabilityId id;  // lease id (get) or reservation id (put)
     uint32_t flags = 0;
     EpId ep = 0;              // the client's endpoint
     std::vector<uint8_t> ok;  // per entry
@@ -491,7 +491,8 @@ struct UcxServer::Impl {
     const EpId ep = Sender(self, data, param);
     if (ep == 0) return UCS_OK;
     auto req = msg::DecodeRelease({static_cast<const std::byte*>(data), length});
-    if (req.has_value()) self->store->Release(std::span<const uint64_t>(&req->lease_id, 1));
+    // UCX peers carry no tenant: the id itself is the capability (kAnyTenant).
+    if (req.has_value()) self->store->Release(std::span<const CapabilityId>(&req->lease_id, 1), kAnyTenant);
     return UCS_OK;
   }
 
@@ -570,7 +571,7 @@ struct UcxServer::Impl {
                       .start = now,
                       .deadline = now + options.transfer_timeout};
     const std::byte* data = &kEmpty;
-    auto pinned = store->PinForSend(batch->id, op->index);
+    auto pinned = store->PinForSend(batch->id, op->index, kAnyTenant);  // unknown id: an empty message
     if (pinned.ok()) {
       op->pinned = true;
       op->size = pinned->size_bytes;
@@ -604,7 +605,7 @@ struct UcxServer::Impl {
       return;
     }
     const absl::Time now = absl::Now();
-    const bool taggable = req.reservation_id <= msg::kMaxTagReservationId;
+    std::optional<bool> tag_free;  // PutTagFreeFor(id), asked once, when a block cannot be pinned
     for (uint32_t j = 0; j < req.indices.size(); ++j) {
       auto* op = new Op{.impl = this,
                         .batch = batch,
@@ -613,19 +614,29 @@ struct UcxServer::Impl {
                         .ep = ep,
                         .start = now,
                         .deadline = now + options.transfer_timeout};
-      if (!taggable || op->index > msg::kMaxTagIndex) {
+      if (op->index > msg::kMaxTagIndex) {
         deferred.push_back({op, UCS_ERR_INVALID_PARAM});  // the client cannot have a valid tag for it
         continue;
       }
       std::byte* data = nullptr;
-      auto pinned = store->PinForReceive(req.reservation_id, op->index);
+      // The kPut's full id is checked here (a tag is no capability): only a live id pins its slots.
+      auto pinned = store->PinForReceive(req.reservation_id, op->index, kAnyTenant);
       if (pinned.ok()) {
         op->pinned = true;
         op->size = pinned->size_bytes;
         op->deadline = std::min(op->deadline, now + pinned->expires_in);
         data = pinned->data;
         op->data = data;
-      }  // else a zero-byte receive drains the client's message (truncated), so its send completes
+      } else {
+        // A zero-byte receive drains the client's message (truncated), so its send completes; but not
+        // on a tag of another live reservation (a wrong id sharing its tag prefix): that message is not
+        // this request's to take.
+        if (!tag_free.has_value()) tag_free = store->PutTagFreeFor(req.reservation_id);
+        if (!*tag_free) {
+          deferred.push_back({op, UCS_ERR_INVALID_PARAM});
+          continue;
+        }
+      }
       ucp_request_param_t p{};
       p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
       p.cb.recv = &Impl::OnRecvDone;
@@ -724,8 +735,7 @@ struct UcxServer::Impl {
     if (batch->is_put) {
       SendAm(batch->ep, msg::kPutDone, msg::Encode(msg::PutDone{.request_id = batch->request_id, .ok = batch->ok}));
     } else if ((batch->flags & msg::kGetRelease) != 0) {
-      const uint64_t id = batch->id;
-      store->Release(std::span<const uint64_t>(&id, 1));
+      store->Release(std::span<const CapabilityId>(&batch->id, 1), kAnyTenant);
     }
     delete batch;
   }

@@ -438,8 +438,9 @@ class Client::Impl {
   // Returns a lease now rather than at its expiry; best effort within the call's `deadline`: a lease not
   // released expires by itself (its TTL), so a member that stopped answering must not hold the caller
   // past its deadline here.
-  void ReleaseLease(Member& member, uint64_t lease_id, absl::Time deadline) {
-    if (lease_id == 0 || absl::Now() >= deadline) return;
+  // `lease_id`: as the server sent it (empty: no lease).
+  void ReleaseLease(Member& member, const std::string& lease_id, absl::Time deadline) {
+    if (lease_id.empty() || absl::Now() >= deadline) return;
     grpc::ClientContext ctx;
     ctx.set_deadline(absl::ToChronoTime(deadline));
     v1::ReleaseRequest req;
@@ -550,7 +551,7 @@ class Client::Impl {
       verified[j] = 1;
     };
     const UcxClient::TransferResult r =
-        ucx->Get(endpoint, head.lease_id(), /*release=*/true, indices, bufs, deadline, verify);
+        ucx->Get(endpoint, CapabilityId::FromWire(head.lease_id()), /*release=*/true, indices, bufs, deadline, verify);
     uint64_t arrived = 0;
     for (size_t j = 0; j < indices.size(); ++j) {
       if (r.items[j] != UcxClient::ItemStatus::kOk) {
@@ -701,8 +702,8 @@ class Client::Impl {
       for (uint32_t k : allocated) data.push_back(blocks[k]);
       // The commit's checksums are computed while the bytes move.
       const UcxClient::TransferResult r =
-          ucx->Put(*ucx_endpoint, aresp.reservation_id(), indices, data, absl::Now() + options.rpc_timeout,
-                   [&] { checksums = ComputeChecksums(); });
+          ucx->Put(*ucx_endpoint, CapabilityId::FromWire(aresp.reservation_id()), indices, data,
+                   absl::Now() + options.rpc_timeout, [&] { checksums = ComputeChecksums(); });
       uint64_t taken = 0;
       for (auto item : r.items) taken += item == UcxClient::ItemStatus::kOk;
       stats.ucx_put_blocks.fetch_add(taken, std::memory_order_relaxed);

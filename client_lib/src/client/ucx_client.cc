@@ -164,7 +164,7 @@ struct LaneGet {
   std::shared_ptr<LaneGroup> group;
   UcxClient::EndpointId endpoint = 0;  // the main endpoint: names the server
   std::string host_port;               // its UCX listener
-  uint64_t lease_id = 0;
+  CapabilityId lease_id;
   absl::Time deadline;
   std::vector<uint32_t> slots;    // items j of the group
   std::vector<uint32_t> indices;  // their lease indices
@@ -896,7 +896,7 @@ void UcxClient::Close(EndpointId endpoint) {
   im.Enqueue([p = impl_.get(), endpoint] { p->CloseEndpoint(endpoint); });
 }
 
-UcxClient::TransferResult UcxClient::Get(EndpointId endpoint, uint64_t lease_id, bool release,
+UcxClient::TransferResult UcxClient::Get(EndpointId endpoint, const CapabilityId& lease_id, bool release,
                                          std::span<const uint32_t> indices,
                                          std::span<const std::span<std::byte>> buffers, absl::Time deadline,
                                          const std::function<void(size_t)>& on_arrival) {
@@ -1015,7 +1015,7 @@ UcxClient::TransferResult UcxClient::Get(EndpointId endpoint, uint64_t lease_id,
   return result;
 }
 
-UcxClient::TransferResult UcxClient::Put(EndpointId endpoint, uint64_t reservation_id,
+UcxClient::TransferResult UcxClient::Put(EndpointId endpoint, const CapabilityId& reservation_id,
                                          std::span<const uint32_t> indices,
                                          std::span<const std::span<const std::byte>> blocks, absl::Time deadline,
                                          const std::function<void()>& meanwhile) {
@@ -1024,7 +1024,6 @@ UcxClient::TransferResult UcxClient::Put(EndpointId endpoint, uint64_t reservati
   TransferResult result;
   result.items.assign(n, ItemStatus::kError);
   if (n == 0) return result;
-  if (reservation_id > msg::kMaxTagReservationId) return result;
   for (uint32_t index : indices) {
     if (index > msg::kMaxTagIndex) return result;
   }

@@ -12,6 +12,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "kvtier/common/capability_id.h"
 
 namespace kvtier::client {
 
@@ -74,7 +75,7 @@ class UcxClient {
   // server a kRelease. Any other Get runs on the progress thread and on_arrival on the caller's thread:
   // over tcp the copies are the kernels' socket copies on both sides, and two lanes over loopback tcp
   // made a 2 MiB x 8 get slower on 2 cores (4.15 -> 2.55 GB/s), competing with the server's sender.
-  TransferResult Get(EndpointId endpoint, uint64_t lease_id, bool release, std::span<const uint32_t> indices,
+  TransferResult Get(EndpointId endpoint, const CapabilityId& lease_id, bool release, std::span<const uint32_t> indices,
                      std::span<const std::span<std::byte>> buffers, absl::Time deadline,
                      const std::function<void(size_t)>& on_arrival = {});
 
@@ -82,7 +83,7 @@ class UcxClient {
   // waits for the server's kPutDone (every receive finished) or `deadline`. kOk: the server has all the
   // bytes of that block (Commit still verifies them).
   // meanwhile, if set, runs on the calling thread while the bytes move (e.g. the commit's checksums).
-  TransferResult Put(EndpointId endpoint, uint64_t reservation_id, std::span<const uint32_t> indices,
+  TransferResult Put(EndpointId endpoint, const CapabilityId& reservation_id, std::span<const uint32_t> indices,
                      std::span<const std::span<const std::byte>> blocks, absl::Time deadline,
                      const std::function<void()>& meanwhile = {});
 

@@ -4,11 +4,15 @@
 // localhost, a client certificate of that CA, and a second, untrusted CA with a client certificate.
 #include <sys/wait.h>
 
+#include <array>
+#include <bit>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <ostream>
 #include <set>
 #include <span>
 #include <string>
@@ -18,8 +22,10 @@
 #include <gtest/gtest.h>
 
 #include "absl/strings/str_cat.h"
+#include "client/ucx_client.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "kvtier/client/client.h"
+#include "kvtier/common/capability_id.h"
 #include "kvtier/common/checksum.h"
 #include "kvtier/common/fingerprint.h"
 #include "kvtier/server/server_options.h"
@@ -108,7 +114,8 @@ class SecurityTest : public ::testing::Test {
                                       << "    - {token: " << kTokenSmall << ", tenant: small, role: worker}\n"
                                       << "quotas:\n  small: "
                                       << kSmallQuotaBlocks * TenantNamespace("small").layout.ShardBytes() << "\n";
-    auto p = ServerProcess::Start("secure-node", {"--config=" + d + "/kvtier.yaml", "--ucx_listen_address=none"});
+    auto p =
+        ServerProcess::Start("secure-node", {"--config=" + d + "/kvtier.yaml", "--ucx_listen_address=127.0.0.1:0"});
     ASSERT_OK(p);
     server_ = p->release();
   }
@@ -258,7 +265,7 @@ TEST_F(SecurityTest, TenantBCannotReadOverwriteOrEvictTenantABlocksEvenKnowingTh
     *req.mutable_keys() = keys;
     v1::ReadResponse resp;
     EXPECT_EQ(cache_b->Lease(&ctx, req, &resp).error_code(), grpc::StatusCode::PERMISSION_DENIED);
-    EXPECT_EQ(resp.lease_id(), 0u);
+    EXPECT_EQ(resp.lease_id(), "");
   }
   {
     grpc::ClientContext ctx;
@@ -299,7 +306,7 @@ TEST_F(SecurityTest, TenantBCannotReadOverwriteOrEvictTenantABlocksEvenKnowingTh
     ASSERT_TRUE(cache_b->Lease(&ctx, req, &resp).ok());
     ASSERT_EQ(resp.blocks_size(), static_cast<int>(fa->size()));
     for (const auto& block : resp.blocks()) EXPECT_FALSE(block.present());
-    EXPECT_EQ(resp.lease_id(), 0u);
+    EXPECT_EQ(resp.lease_id(), "");
   }
   {
     grpc::ClientContext ctx;
@@ -309,86 +316,9 @@ TEST_F(SecurityTest, TenantBCannotReadOverwriteOrEvictTenantABlocksEvenKnowingTh
     v1::AllocateResponse resp;
     ASSERT_TRUE(cache_b->Allocate(&ctx, req, &resp).ok());
     for (int r : resp.results()) EXPECT_NE(r, v1::ALLOCATE_RESULT_ALLOCATED);
-    EXPECT_EQ(resp.reservation_id(), 0u);
+    EXPECT_EQ(resp.reservation_id(), "");
   }
-  // Reservations and leases of A cannot be written, committed, aborted or released by B.
-  auto fresh = ChainFingerprints(a, Prompt(1, 3));
-  ASSERT_OK(fresh);
-  uint64_t reservation_id = 0;
-  {
-    grpc::ClientContext ctx;
-    v1::AllocateRequest req;
-    *req.mutable_namespace_() = pa;
-    *req.mutable_keys() = Keys(*fresh);
-    v1::AllocateResponse resp;
-    ASSERT_TRUE(cache_a->Allocate(&ctx, req, &resp).ok());
-    reservation_id = resp.reservation_id();
-    ASSERT_NE(reservation_id, 0u);
-  }
-  {
-    grpc::ClientContext ctx;
-    v1::WriteBlocksResponse resp;
-    auto writer = cache_b->WriteBlocks(&ctx, &resp);
-    v1::WriteBlocksRequest chunk;
-    chunk.set_reservation_id(reservation_id);
-    chunk.set_data(std::string(1024, 'x'));
-    writer->Write(chunk);
-    writer->WritesDone();
-    EXPECT_EQ(writer->Finish().error_code(), grpc::StatusCode::PERMISSION_DENIED);
-  }
-  {
-    grpc::ClientContext ctx;
-    v1::CommitRequest req;
-    req.set_reservation_id(reservation_id);
-    req.add_checksums(0);
-    v1::CommitResponse resp;
-    EXPECT_EQ(cache_b->Commit(&ctx, req, &resp).error_code(), grpc::StatusCode::PERMISSION_DENIED);
-  }
-  {
-    grpc::ClientContext ctx;
-    v1::AbortRequest req;
-    req.set_reservation_id(reservation_id);
-    v1::AbortResponse resp;
-    EXPECT_EQ(cache_b->Abort(&ctx, req, &resp).error_code(), grpc::StatusCode::PERMISSION_DENIED);
-  }
-  {  // A's own reservation still works: A writes and commits it.
-    const std::vector<std::byte> bytes = testing::BlockBytes(a.layout.ShardBytes(), 300);
-    grpc::ClientContext ctx;
-    v1::WriteBlocksResponse resp;
-    auto writer = cache_a->WriteBlocks(&ctx, &resp);
-    v1::WriteBlocksRequest chunk;
-    chunk.set_reservation_id(reservation_id);
-    chunk.set_data(std::string(reinterpret_cast<const char*>(bytes.data()), bytes.size()));
-    ASSERT_TRUE(writer->Write(chunk));
-    writer->WritesDone();
-    ASSERT_TRUE(writer->Finish().ok());
-    grpc::ClientContext commit_ctx;
-    v1::CommitRequest commit;
-    commit.set_reservation_id(reservation_id);
-    commit.add_checksums(BlockChecksum(bytes.data(), bytes.size()));
-    v1::CommitResponse committed;
-    ASSERT_TRUE(cache_a->Commit(&commit_ctx, commit, &committed).ok());
-    ASSERT_EQ(committed.results_size(), 1);
-    EXPECT_EQ(committed.results(0), v1::COMMIT_RESULT_COMMITTED);
-  }
-  {
-    grpc::ClientContext ctx;
-    v1::LookupRequest req;
-    *req.mutable_namespace_() = pa;
-    *req.mutable_keys() = keys;
-    req.set_lease_ms(5000);
-    v1::LookupResponse resp;
-    ASSERT_TRUE(cache_a->Lookup(&ctx, req, &resp).ok());
-    ASSERT_NE(resp.lease_id(), 0u);
-    grpc::ClientContext release_ctx;
-    v1::ReleaseRequest release;
-    release.add_lease_ids(resp.lease_id());
-    v1::ReleaseResponse released;
-    EXPECT_EQ(cache_b->Release(&release_ctx, release, &released).error_code(), grpc::StatusCode::PERMISSION_DENIED);
-    grpc::ClientContext own_ctx;
-    EXPECT_TRUE(cache_a->Release(&own_ctx, release, &released).ok());
-    EXPECT_EQ(released.released(), 1u);
-  }
+  // Reservations and leases of A in the hands of B: LeakedIdsOfAnotherTenantAreAnsweredAsUnknownIds.
   {  // Admin RPCs (inspect, evict) need an admin token.
     grpc::ClientContext ctx;
     v1::InspectBlockRequest req;
@@ -411,6 +341,258 @@ TEST_F(SecurityTest, TenantBCannotReadOverwriteOrEvictTenantABlocksEvenKnowingTh
     EXPECT_EQ((*got)[i], client::GetResult::kHit) << "block " << i;
     EXPECT_EQ(out[i], testing::BlockBytes(size, 200 + i)) << "block " << i;
   }
+}
+
+// The answers of the RPCs that take a lease or reservation id, as a caller sees them.
+struct IdAnswer {
+  grpc::StatusCode code = grpc::StatusCode::OK;
+  std::string message;
+  std::string details;
+  uint32_t released = 0;  // Release only
+  bool operator==(const IdAnswer&) const = default;
+};
+std::ostream& operator<<(std::ostream& os, const IdAnswer& a) {
+  return os << "{code " << a.code << ", \"" << a.message << "\", released " << a.released << "}";
+}
+IdAnswer AnswerOf(const grpc::Status& s) {
+  return {.code = s.error_code(), .message = s.error_message(), .details = s.error_details()};
+}
+
+IdAnswer WriteWith(v1::CacheService::Stub& stub, const std::string& reservation_id, const std::string& data) {
+  grpc::ClientContext ctx;
+  v1::WriteBlocksResponse resp;
+  auto writer = stub.WriteBlocks(&ctx, &resp);
+  v1::WriteBlocksRequest chunk;
+  chunk.set_reservation_id(reservation_id);
+  chunk.set_index(0);
+  chunk.set_data(data);
+  writer->Write(chunk);
+  writer->WritesDone();
+  return AnswerOf(writer->Finish());
+}
+IdAnswer CommitWith(v1::CacheService::Stub& stub, const std::string& reservation_id, uint64_t checksum,
+                    v1::CommitResponse* out = nullptr) {
+  grpc::ClientContext ctx;
+  v1::CommitRequest req;
+  req.set_reservation_id(reservation_id);
+  req.add_checksums(checksum);
+  v1::CommitResponse resp;
+  IdAnswer a = AnswerOf(stub.Commit(&ctx, req, &resp));
+  if (out != nullptr) *out = resp;
+  return a;
+}
+IdAnswer AbortWith(v1::CacheService::Stub& stub, const std::string& reservation_id) {
+  grpc::ClientContext ctx;
+  v1::AbortRequest req;
+  req.set_reservation_id(reservation_id);
+  v1::AbortResponse resp;
+  return AnswerOf(stub.Abort(&ctx, req, &resp));
+}
+IdAnswer ReleaseWith(v1::CacheService::Stub& stub, const std::string& lease_id) {
+  grpc::ClientContext ctx;
+  v1::ReleaseRequest req;
+  req.add_lease_ids(lease_id);
+  v1::ReleaseResponse resp;
+  IdAnswer a = AnswerOf(stub.Release(&ctx, req, &resp));
+  a.released = resp.released();
+  return a;
+}
+
+// Tenant B holding tenant A's live lease and reservation ids (leaked) gets nothing, and the very answer
+// (code, message, details) of an id that never existed: a refusal never says that an id is live.
+TEST_F(SecurityTest, LeakedIdsOfAnotherTenantAreAnsweredAsUnknownIds) {
+  const Namespace a = TenantNamespace("tenant-a");
+  const Namespace b = TenantNamespace("tenant-b");
+  auto stored = ChainFingerprints(a, Prompt(1, 41));
+  auto fresh = ChainFingerprints(a, Prompt(1, 42));
+  ASSERT_OK(stored);
+  ASSERT_OK(fresh);
+  auto ca = ClientFor(kTokenA);
+  ASSERT_NE(ca, nullptr);
+  for (client::PutResult r : PutBlocks(*ca, a, *stored, 4100)) EXPECT_EQ(r, client::PutResult::kStored);
+  auto cache_a = v1::CacheService::NewStub(Channel("client", kTokenA));
+  auto cache_b = v1::CacheService::NewStub(Channel("client", kTokenB));
+  v1::Namespace pa;
+  wire::ToProto(a, &pa);
+
+  std::string lease_id, reservation_id;
+  {
+    grpc::ClientContext ctx;
+    v1::ReadRequest req;
+    *req.mutable_namespace_() = pa;
+    *req.mutable_keys() = Keys(*stored);
+    req.set_lease_ms(30000);
+    v1::ReadResponse resp;
+    ASSERT_TRUE(cache_a->Lease(&ctx, req, &resp).ok());
+    ASSERT_TRUE(resp.blocks(0).present());
+    lease_id = resp.lease_id();
+  }
+  {
+    grpc::ClientContext ctx;
+    v1::AllocateRequest req;
+    *req.mutable_namespace_() = pa;
+    *req.mutable_keys() = Keys(*fresh);
+    v1::AllocateResponse resp;
+    ASSERT_TRUE(cache_a->Allocate(&ctx, req, &resp).ok());
+    ASSERT_EQ(resp.results(0), v1::ALLOCATE_RESULT_ALLOCATED);
+    reservation_id = resp.reservation_id();
+  }
+  ASSERT_EQ(lease_id.size(), 16u);
+  ASSERT_EQ(reservation_id.size(), 16u);
+  const std::string unknown = CapabilityId::Random().ToWire();
+  const std::string short_id = reservation_id.substr(0, 8);  // not 16 bytes: an unknown id too
+
+  const std::vector<std::byte> bytes = testing::BlockBytes(a.layout.ShardBytes(), 4200);
+  const std::string data(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+  const uint64_t sum = BlockChecksum(bytes.data(), bytes.size());
+  const std::string garbage(data.size(), 'x');
+
+  // WriteBlocks and Commit: refused, with the unknown id's answer byte for byte.
+  const IdAnswer write_unknown = WriteWith(*cache_b, unknown, garbage);
+  EXPECT_EQ(write_unknown.code, grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_EQ(write_unknown.message, "unknown or expired reservation");
+  EXPECT_EQ(WriteWith(*cache_b, reservation_id, garbage), write_unknown);
+  EXPECT_EQ(WriteWith(*cache_b, short_id, garbage), write_unknown);
+  const IdAnswer commit_unknown = CommitWith(*cache_b, unknown, 0);
+  EXPECT_EQ(commit_unknown, write_unknown);
+  EXPECT_EQ(CommitWith(*cache_b, reservation_id, 0), commit_unknown);
+  // Abort and Release: an OK that does nothing, for both.
+  const IdAnswer abort_unknown = AbortWith(*cache_b, unknown);
+  EXPECT_EQ(abort_unknown.code, grpc::StatusCode::OK);
+  EXPECT_EQ(AbortWith(*cache_b, reservation_id), abort_unknown);
+  const IdAnswer release_unknown = ReleaseWith(*cache_b, unknown);
+  EXPECT_EQ(release_unknown.code, grpc::StatusCode::OK);
+  EXPECT_EQ(release_unknown.released, 0u);
+  EXPECT_EQ(ReleaseWith(*cache_b, lease_id), release_unknown);
+  // Read names no id: B's Read of A's namespace is refused, of its own namespace it streams no byte.
+  {
+    grpc::ClientContext ctx;
+    v1::ReadRequest req;
+    wire::ToProto(b, req.mutable_namespace_());
+    *req.mutable_keys() = Keys(*stored);
+    auto reader = cache_b->Read(&ctx, req);
+    v1::ReadResponse msg;
+    ASSERT_TRUE(reader->Read(&msg));
+    for (const auto& block : msg.blocks()) EXPECT_FALSE(block.present());
+    while (reader->Read(&msg)) ADD_FAILURE() << "bytes of another tenant's block were streamed";
+    EXPECT_TRUE(reader->Finish().ok());
+  }
+
+  // A's reservation was neither written (A's first chunk at offset 0 is accepted) nor aborted by B.
+  EXPECT_EQ(WriteWith(*cache_a, reservation_id, data).code, grpc::StatusCode::OK);
+  v1::CommitResponse committed;
+  EXPECT_EQ(CommitWith(*cache_a, reservation_id, sum, &committed).code, grpc::StatusCode::OK);
+  ASSERT_EQ(committed.results_size(), 1);
+  EXPECT_EQ(committed.results(0), v1::COMMIT_RESULT_COMMITTED);
+  std::vector<std::byte> back(bytes.size());
+  std::vector<std::span<std::byte>> views = {back};
+  auto got = ca->Get(a, *fresh, 0, views);
+  ASSERT_OK(got);
+  EXPECT_EQ((*got)[0], client::GetResult::kHit);
+  EXPECT_EQ(back, bytes);
+  // A's lease was not released by B: A releases it now.
+  EXPECT_EQ(ReleaseWith(*cache_a, lease_id).released, 1u);
+  // An ended id: the same answer as one that never existed.
+  EXPECT_EQ(CommitWith(*cache_a, reservation_id, sum), commit_unknown);
+  EXPECT_EQ(ReleaseWith(*cache_a, lease_id), release_unknown);
+}
+
+// Ids of many allocations are 16 random bytes each: all distinct, none sharing its first 8 bytes with
+// another, and consecutive ones far apart (a sequential counter fails every one of these).
+TEST_F(SecurityTest, IdsOfManyAllocationsAreDistinctAndNotSequential) {
+  const Namespace a = TenantNamespace("tenant-a");
+  auto fp = ChainFingerprints(a, Prompt(1, 43));
+  ASSERT_OK(fp);
+  auto cache_a = v1::CacheService::NewStub(Channel("client", kTokenA));
+  v1::AllocateRequest req;
+  wire::ToProto(a, req.mutable_namespace_());
+  *req.mutable_keys() = Keys(*fp);
+  std::vector<std::string> ids;
+  for (int i = 0; i < 1000; ++i) {
+    grpc::ClientContext ctx;
+    v1::AllocateResponse resp;
+    ASSERT_TRUE(cache_a->Allocate(&ctx, req, &resp).ok());
+    ASSERT_EQ(resp.results(0), v1::ALLOCATE_RESULT_ALLOCATED);
+    ASSERT_EQ(resp.reservation_id().size(), 16u);
+    ids.push_back(resp.reservation_id());
+    ASSERT_EQ(AbortWith(*cache_a, resp.reservation_id()).code, grpc::StatusCode::OK);  // the key is free again
+  }
+  std::set<std::string> all(ids.begin(), ids.end()), firsts;
+  EXPECT_EQ(all.size(), ids.size());
+  for (const std::string& id : ids) firsts.insert(id.substr(0, 8));
+  EXPECT_EQ(firsts.size(), ids.size()) << "two ids share their first 8 bytes";
+  for (size_t i = 1; i < ids.size(); ++i) {
+    int differ = 0;
+    for (size_t k = 0; k < 16; ++k) differ += std::popcount(static_cast<uint8_t>(ids[i][k] ^ ids[i - 1][k]));
+    EXPECT_GE(differ, 32) << "ids " << i - 1 << " and " << i;
+  }
+}
+
+// A raw peer on the UCX port (which carries no token) sends kGet with guessed lease ids: the ids a
+// sequential server would have issued, 0, and neighbours of a leaked live id. Every block comes back as
+// an empty message. The leaked id itself does read (a UCX peer has no tenant: the id is the capability),
+// which shows that the guesses were served by a working data plane.
+TEST_F(SecurityTest, GuessedLeaseIdsOverUcxReadNothing) {
+  ASSERT_GT(server_->ucx_port(), 0);
+  const Namespace a = TenantNamespace("tenant-a");
+  auto fps = ChainFingerprints(a, Prompt(1, 44));
+  ASSERT_OK(fps);
+  auto ca = ClientFor(kTokenA);
+  ASSERT_NE(ca, nullptr);
+  for (client::PutResult r : PutBlocks(*ca, a, *fps, 4400)) EXPECT_EQ(r, client::PutResult::kStored);
+  const std::vector<std::byte> expected = testing::BlockBytes(a.layout.ShardBytes(), 4400);
+  auto cache_a = v1::CacheService::NewStub(Channel("client", kTokenA));
+  auto lease = [&] {
+    grpc::ClientContext ctx;
+    v1::ReadRequest req;
+    wire::ToProto(a, req.mutable_namespace_());
+    *req.mutable_keys() = Keys(*fps);
+    req.set_lease_ms(30000);
+    v1::ReadResponse resp;
+    EXPECT_TRUE(cache_a->Lease(&ctx, req, &resp).ok());
+    return CapabilityId::FromWire(resp.lease_id());
+  };
+  const CapabilityId leaked = lease();
+  ASSERT_FALSE(leaked.null());
+
+  auto peer = client::UcxClient::Create("", /*get_lanes=*/1);
+  ASSERT_OK(peer);
+  auto conn = (*peer)->Connect(absl::StrCat("127.0.0.1:", server_->ucx_port()), absl::Now() + absl::Seconds(10));
+  ASSERT_OK(conn);
+  std::vector<CapabilityId> guesses = {CapabilityId()};
+  for (uint64_t n = 1; n <= 64; ++n) {
+    std::array<uint8_t, 16> b{};
+    std::memcpy(b.data(), &n, sizeof(n));
+    guesses.push_back(CapabilityId::FromArray(b));  // a u64 counter's ids, little-endian
+    std::array<uint8_t, 16> c{};
+    for (int k = 0; k < 8; ++k) c[15 - k] = static_cast<uint8_t>(n >> (8 * k));
+    guesses.push_back(CapabilityId::FromArray(c));  // and big-endian
+  }
+  for (size_t k = 0; k < 16; ++k) {
+    for (int delta : {1, -1}) {
+      auto b = leaked.bytes();
+      b[k] = static_cast<uint8_t>(b[k] + delta);
+      guesses.push_back(CapabilityId::FromArray(b));  // a neighbour of the leaked id, in each byte
+    }
+  }
+  for (int i = 0; i < 16; ++i) guesses.push_back(CapabilityId::Random());
+  const uint32_t index = 0;
+  for (const CapabilityId& guess : guesses) {
+    std::vector<std::byte> buf(expected.size(), std::byte{0});
+    std::vector<std::span<std::byte>> bufs = {buf};
+    auto r = (*peer)->Get(conn->endpoint, guess, /*release=*/false, std::span<const uint32_t>(&index, 1), bufs,
+                          absl::Now() + absl::Seconds(10));
+    ASSERT_EQ(r.items.size(), 1u);
+    EXPECT_EQ(r.items[0], client::UcxClient::ItemStatus::kUnavailable) << guess.ToHex();  // an empty message
+    EXPECT_EQ(buf, std::vector<std::byte>(expected.size(), std::byte{0})) << guess.ToHex();
+  }
+  std::vector<std::byte> buf(expected.size());
+  std::vector<std::span<std::byte>> bufs = {buf};
+  auto r = (*peer)->Get(conn->endpoint, leaked, /*release=*/true, std::span<const uint32_t>(&index, 1), bufs,
+                        absl::Now() + absl::Seconds(10));
+  ASSERT_EQ(r.items.size(), 1u);
+  EXPECT_EQ(r.items[0], client::UcxClient::ItemStatus::kOk);
+  EXPECT_EQ(buf, expected);
 }
 
 TEST_F(SecurityTest, CallsWithoutAValidTokenAreUnauthenticated) {

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <span>
 #include <string>
+#include <vector>
 
 namespace kvtier::wire::ucx {
 namespace {
@@ -84,14 +85,58 @@ TEST(UcxMessagesTest, ARefusedLeaseCarriesTheServersCodeAndMessage) {
   EXPECT_FALSE(DecodeLeaseMessage(Bytes(zero), true).has_value());
 }
 
-TEST(UcxMessagesTest, ReleaseIsExactlyALeaseId) {
-  const std::string m = Encode(Release{.lease_id = 0x0102030405060708ULL});
-  ASSERT_EQ(m.size(), 8u);
+constexpr CapabilityId kId = CapabilityId::FromArray(
+    {0x08, 0x07, 0x06, 0x05, 0x04, 0x03, 0x02, 0x81, 0xa0, 0xb1, 0xc2, 0xd3, 0xe4, 0xf5, 0x16, 0x27});
+
+TEST(UcxMessagesTest, ReleaseIsExactlyALeaseIdsSixteenBytes) {
+  const std::string m = Encode(Release{.lease_id = kId});
+  ASSERT_EQ(m.size(), 16u);
+  EXPECT_EQ(std::memcmp(m.data(), kId.bytes().data(), 16), 0);  // the id's bytes, in order
   auto r = DecodeRelease(Bytes(m));
   ASSERT_TRUE(r.has_value());
-  EXPECT_EQ(r->lease_id, 0x0102030405060708ULL);
-  EXPECT_FALSE(DecodeRelease(Bytes(m.substr(0, 7))).has_value());
+  EXPECT_EQ(r->lease_id, kId);
+  EXPECT_FALSE(DecodeRelease(Bytes(m.substr(0, 15))).has_value());
+  EXPECT_FALSE(DecodeRelease(Bytes(m.substr(0, 8))).has_value());  // a version-1 u64 id
   EXPECT_FALSE(DecodeRelease(Bytes(m + "x")).has_value());
+}
+
+TEST(UcxMessagesTest, GetAndPutCarrySixteenByteIds) {
+  const std::string get =
+      Encode(GetRequest{.request_id = 3, .lease_id = kId, .tag_base = 77, .flags = kGetRelease, .indices = {4, 9}});
+  ASSERT_EQ(get.size(), 8u + 16 + 8 + 4 + 4 + 2 * 4);
+  EXPECT_EQ(std::memcmp(get.data() + 8, kId.bytes().data(), 16), 0);
+  auto g = DecodeGetRequest(Bytes(get));
+  ASSERT_TRUE(g.has_value());
+  EXPECT_EQ(g->request_id, 3u);
+  EXPECT_EQ(g->lease_id, kId);
+  EXPECT_EQ(g->tag_base, 77u);
+  EXPECT_EQ(g->flags, kGetRelease);
+  EXPECT_EQ(g->indices, (std::vector<uint32_t>{4, 9}));
+  EXPECT_FALSE(DecodeGetRequest(Bytes(get.substr(0, get.size() - 1))).has_value());
+
+  const std::string put = Encode(PutRequest{.request_id = 5, .reservation_id = kId, .indices = {0, 1, 2}});
+  ASSERT_EQ(put.size(), 8u + 16 + 4 + 3 * 4);
+  auto p = DecodePutRequest(Bytes(put));
+  ASSERT_TRUE(p.has_value());
+  EXPECT_EQ(p->reservation_id, kId);
+  EXPECT_EQ(p->indices, (std::vector<uint32_t>{0, 1, 2}));
+  EXPECT_FALSE(DecodePutRequest(Bytes(put + "x")).has_value());
+}
+
+TEST(UcxMessagesTest, PutTagTakesTheLow39BitsOfTheIdAndTheIndex) {
+  // low64 of kId = 0x8102030405060708: its low 39 bits are 0x0405060708.
+  EXPECT_EQ(kId.low64(), 0x8102030405060708ULL);
+  EXPECT_EQ(PutTagPrefix(kId), 0x0405060708ULL);
+  EXPECT_EQ(PutTag(kId, 5), kPutTagBit | (uint64_t{0x0405060708} << kTagIndexBits) | 5);
+  EXPECT_EQ(PutTag(kId, kMaxTagIndex) & kMaxTagIndex, kMaxTagIndex);
+  // Only the prefix and index bits enter the tag: ids that differ elsewhere share their tags (which is
+  // why the server checks a kPut's whole id, and keeps prefixes of live reservations distinct).
+  auto other = kId.bytes();
+  other[15] ^= 0xff;
+  other[7] ^= 0x80;  // bit 63 of low64: outside the prefix
+  EXPECT_EQ(PutTag(CapabilityId::FromArray(other), 5), PutTag(kId, 5));
+  other[0] ^= 1;
+  EXPECT_NE(PutTag(CapabilityId::FromArray(other), 5), PutTag(kId, 5));
 }
 
 }  // namespace

@@ -85,7 +85,7 @@ TEST_F(BlockStoreAdminTest, InspectReportsTierSizeChecksumDepthAgeAndLeases) {
   EXPECT_EQ(clock_.Now() - info->inserted, absl::Seconds(5));
   EXPECT_EQ(info->last_access, clock_.Now());
   EXPECT_FALSE(store_->Inspect(Key(8)).has_value());
-  store_->Release(std::span<const uint64_t>(&lease.lease_id, 1));
+  store_->Release(std::span<const CapabilityId>(&lease.lease_id, 1));
 }
 
 TEST_F(BlockStoreAdminTest, EvictByTenantSkipsLeasedBlocks) {
@@ -99,7 +99,7 @@ TEST_F(BlockStoreAdminTest, EvictByTenantSkipsLeasedBlocks) {
   EXPECT_FALSE(store_->Inspect(Key(3)).has_value());
   EXPECT_TRUE(store_->Inspect(Key(0)).has_value());  // tenant b untouched
   EXPECT_FALSE(store_->EvictKey(Key(1)));            // still leased
-  store_->Release(std::span<const uint64_t>(&lease.lease_id, 1));
+  store_->Release(std::span<const CapabilityId>(&lease.lease_id, 1));
   EXPECT_TRUE(store_->EvictKey(Key(1)));
 }
 

@@ -173,7 +173,7 @@ TEST_F(BlockStoreEventsTest, DemotionAndPromotionAreMovesThatKeepTheBlockPresent
   const BlockKey k0 = Key(0);
   auto lease = store_->AcquireRead(kNs, std::span<const BlockKey>(&k0, 1), absl::ZeroDuration());
   ASSERT_TRUE(lease.blocks[0].present);
-  store_->Release(std::span<const uint64_t>(&lease.lease_id, 1));
+  store_->Release(std::span<const CapabilityId>(&lease.lease_id, 1));
   EXPECT_EQ(sink_.state[Key(0).fingerprint.Hex()], Tier::kHost);
   EXPECT_EQ(sink_.state, Listed());
   store_->SetEventSink(nullptr);
@@ -196,7 +196,7 @@ TEST_F(BlockStoreEventsTest, EvictingEverythingIsOneClearThenTheLeasedSurvivors)
   EXPECT_EQ(sink_.calls[1].key, Key(2));
   EXPECT_EQ(sink_.state, Listed());
   // A filtered evict reports each block.
-  store_->Release(std::span<const uint64_t>(&lease.lease_id, 1));
+  store_->Release(std::span<const CapabilityId>(&lease.lease_id, 1));
   store_->Evict({.namespace_id = kNs.id});
   EXPECT_EQ(sink_.Kinds(), "CSR");
   EXPECT_TRUE(sink_.state.empty());

@@ -77,7 +77,7 @@ TEST_F(BlockStorePinTest, ReceivedBlockCommitsAndReadsBack) {
   EXPECT_GE(pinned->data, region.data());
   EXPECT_LE(pinned->data + kBlock, region.data() + region.size());
   store_->Unpin(lease.lease_id, 0);
-  EXPECT_EQ(store_->Release(std::span<const uint64_t>(&lease.lease_id, 1)), 1u);
+  EXPECT_EQ(store_->Release(std::span<const CapabilityId>(&lease.lease_id, 1)), 1u);
 }
 
 TEST_F(BlockStorePinTest, LeaseExpiringDuringASendKeepsTheSlotUntilUnpin) {
@@ -168,8 +168,8 @@ TEST_F(BlockStorePinTest, ReceiveExcludesWritesAndCommitWaitsForIt) {
             absl::StatusCode::kFailedPrecondition);  // a receive is in flight
   store_->FinishReceive(a->reservation_id, 0, 0, false);
   EXPECT_EQ(store_->PinForReceive(a->reservation_id, 7).status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(store_->PinForReceive(999, 0).status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_EQ(store_->PinForSend(999, 0).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(store_->PinForReceive(CapabilityId::Random(), 0).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(store_->PinForSend(CapabilityId::Random(), 0).status().code(), absl::StatusCode::kFailedPrecondition);
 }
 
 TEST_F(BlockStorePinTest, ChecksumComputedAtReceiveIsWhatCommitChecks) {
@@ -199,7 +199,7 @@ TEST_F(BlockStorePinTest, ReleasedLeaseEndsAtTheLastUnpin) {
   auto lease = store_->AcquireRead(ns_, std::span<const BlockKey>(&k, 1), absl::ZeroDuration());
   ASSERT_OK(store_->PinForSend(lease.lease_id, 0));
   ASSERT_OK(store_->PinForSend(lease.lease_id, 0));
-  EXPECT_EQ(store_->Release(std::span<const uint64_t>(&lease.lease_id, 1)), 1u);
+  EXPECT_EQ(store_->Release(std::span<const CapabilityId>(&lease.lease_id, 1)), 1u);
   EXPECT_EQ(store_->stats().active_leases.load(), 1u);
   store_->Unpin(lease.lease_id, 0);
   EXPECT_EQ(store_->stats().active_leases.load(), 1u);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <bit>
 #include <cstring>
 #include <latch>
 #include <thread>
@@ -9,6 +10,7 @@
 
 #include <gtest/gtest.h>
 
+#include "absl/container/flat_hash_set.h"
 #include "kvtier/common/checksum.h"
 #include "testing/status_matchers.h"
 
@@ -78,7 +80,7 @@ class BlockStoreTest : public ::testing::Test {
     std::vector<std::byte> out(lease.blocks[0].size_bytes);
     EXPECT_OK(store_->CopyOut(lease.lease_id, 0, 0, out));
     EXPECT_EQ(BlockChecksum(out.data(), out.size()), lease.blocks[0].checksum);
-    store_->Release(std::span<const uint64_t>(&lease.lease_id, 1));
+    store_->Release(std::span<const CapabilityId>(&lease.lease_id, 1));
     return out;
   }
 
@@ -152,7 +154,8 @@ TEST_F(BlockStoreTest, WritesOutOfOrderOrPastTheEndAreRefused) {
   EXPECT_EQ(store_->Write(a->reservation_id, 0, 0, too_long).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(store_->Write(a->reservation_id, 5, 0, std::span(bytes).first(10)).code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(store_->Write(999, 0, 0, std::span(bytes).first(10)).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(store_->Write(CapabilityId::Random(), 0, 0, std::span(bytes).first(10)).code(),
+            absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(store_->Commit(a->reservation_id, {}).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
@@ -164,7 +167,7 @@ TEST_F(BlockStoreTest, DuplicatePutIsInProgressThenAlreadyPresent) {
   auto second = store_->Allocate(ns_, std::span<const BlockKey>(&k, 1));
   ASSERT_OK(second);
   EXPECT_EQ(second->outcomes[0], AllocateOutcome::kInProgress);
-  EXPECT_EQ(second->reservation_id, 0u);
+  EXPECT_TRUE(second->reservation_id.null());
   auto bytes = Payload(9);
   ASSERT_OK(store_->Write(first->reservation_id, 0, 0, bytes));
   const uint64_t sum = BlockChecksum(bytes.data(), bytes.size());
@@ -227,10 +230,10 @@ TEST_F(BlockStoreTest, LeasedBlockSurvivesEvictionPressureAndIsFreedAfterRelease
   Put(2, ns_, 2);
   const BlockKey k = Key(1);
   auto lookup = store_->Lookup(ns_, std::span<const BlockKey>(&k, 1), absl::Seconds(5));
-  ASSERT_NE(lookup.lease_id, 0u);
+  ASSERT_FALSE(lookup.lease_id.null());
   for (uint32_t n = 10; n < 20; ++n) Put(n, ns_, n);
   EXPECT_TRUE(Present(1, ns_));  // 1 was the LRU but is leased
-  EXPECT_EQ(store_->Release(std::span<const uint64_t>(&lookup.lease_id, 1)), 1u);
+  EXPECT_EQ(store_->Release(std::span<const CapabilityId>(&lookup.lease_id, 1)), 1u);
   Put(30, ns_, 30);
   Put(31, ns_, 31);
   EXPECT_FALSE(Present(1, ns_));
@@ -241,7 +244,7 @@ TEST_F(BlockStoreTest, LeaseExpiresSoAbandonedReadersCannotPinMemory) {
   Put(1, ns_, 1);
   const BlockKey k = Key(1);
   auto lease = store_->AcquireRead(ns_, std::span<const BlockKey>(&k, 1), absl::ZeroDuration());
-  ASSERT_NE(lease.lease_id, 0u);
+  ASSERT_FALSE(lease.lease_id.null());
   EXPECT_EQ(Put(2, ns_, 2), AllocateOutcome::kNoSpace);  // everything leased: fast rejection
   EXPECT_EQ(store_->stats().rejections_no_space.load(), 1u);
   clock_.Advance(absl::Seconds(3));
@@ -249,6 +252,91 @@ TEST_F(BlockStoreTest, LeaseExpiresSoAbandonedReadersCannotPinMemory) {
   EXPECT_EQ(store_->stats().expired_leases.load(), 1u);
   std::vector<std::byte> out(kBlock);
   EXPECT_EQ(store_->CopyOut(lease.lease_id, 0, 0, out).code(), absl::StatusCode::kFailedPrecondition);
+}
+
+// Ids are capabilities bound to their tenant: another tenant presenting a live id gets exactly what an
+// unknown id gets (code and message), on every call that takes one, and changes nothing.
+TEST_F(BlockStoreTest, AnotherTenantsLiveIdIsAnsweredExactlyAsAnUnknownOne) {
+  MakeStore(8);
+  const NamespaceRef other{.id = 12, .tenant_id = 2, .block_bytes = kBlock};
+  Put(1, ns_, 1);
+  const BlockKey k1 = Key(1), k2 = Key(2);
+  auto lease = store_->AcquireRead(ns_, std::span<const BlockKey>(&k1, 1), absl::ZeroDuration());
+  ASSERT_FALSE(lease.lease_id.null());
+  auto a = store_->Allocate(ns_, std::span<const BlockKey>(&k2, 1));
+  ASSERT_OK(a);
+  ASSERT_FALSE(a->reservation_id.null());
+  EXPECT_EQ(store_->LeaseTenant(lease.lease_id), ns_.tenant_id);
+  EXPECT_EQ(store_->ReservationTenant(a->reservation_id), ns_.tenant_id);
+  const CapabilityId unknown = CapabilityId::Random();
+  const IdHolder b = other.tenant_id;
+  const auto bytes = Payload(2);
+  const uint64_t sum = BlockChecksum(bytes.data(), bytes.size());
+
+  auto same = [](const absl::Status& foreign, const absl::Status& unknown_answer) {
+    EXPECT_FALSE(foreign.ok());
+    EXPECT_EQ(foreign.code(), unknown_answer.code());
+    EXPECT_EQ(foreign.message(), unknown_answer.message());
+    EXPECT_EQ(foreign.ToString(), unknown_answer.ToString());
+  };
+  same(store_->PinForSend(lease.lease_id, 0, b).status(), store_->PinForSend(unknown, 0, b).status());
+  same(store_->PinForSend(lease.lease_id, 0, b).status(), UnknownLeaseError());
+  same(store_->PinForReceive(a->reservation_id, 0, b).status(), store_->PinForReceive(unknown, 0, b).status());
+  same(store_->Write(a->reservation_id, 0, 0, bytes, b), store_->Write(unknown, 0, 0, bytes, b));
+  same(store_->Write(a->reservation_id, 0, 0, bytes, b), UnknownReservationError());
+  same(store_->Commit(a->reservation_id, std::span<const uint64_t>(&sum, 1), b).status(),
+       store_->Commit(unknown, std::span<const uint64_t>(&sum, 1), b).status());
+  EXPECT_EQ(UnknownLeaseError().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(UnknownLeaseError().message(), "unknown or expired lease");
+  EXPECT_EQ(UnknownReservationError().message(), "unknown or expired reservation");
+  // Release and Abort: both skipped alike, and the owner's lease and reservation live on.
+  EXPECT_EQ(store_->Release(std::span<const CapabilityId>(&lease.lease_id, 1), b), 0u);
+  EXPECT_EQ(store_->Release(std::span<const CapabilityId>(&unknown, 1), b), 0u);
+  store_->Abort(a->reservation_id, b);
+  store_->Abort(unknown, b);
+  // A null id (what the RPC layer decodes from a field that is not 16 bytes) names nothing either.
+  same(store_->PinForSend(CapabilityId(), 0).status(), UnknownLeaseError());
+  same(store_->Write(CapabilityId(), 0, 0, bytes), UnknownReservationError());
+
+  std::vector<std::byte> out(kBlock);
+  ASSERT_OK(store_->CopyOut(lease.lease_id, 0, 0, out));
+  EXPECT_EQ(out, Payload(1));
+  ASSERT_OK(store_->Write(a->reservation_id, 0, 0, bytes, ns_.tenant_id));  // the owner, bound
+  auto c = store_->Commit(a->reservation_id, std::span<const uint64_t>(&sum, 1), ns_.tenant_id);
+  ASSERT_OK(c);
+  EXPECT_EQ((*c)[0], CommitOutcome::kCommitted);
+  EXPECT_EQ(ReadBack(2, ns_), Payload(2));
+  EXPECT_EQ(store_->Release(std::span<const CapabilityId>(&lease.lease_id, 1), ns_.tenant_id), 1u);
+}
+
+// Ids are random: distinct, never sequential, and live reservations never share a UCX tag prefix.
+TEST_F(BlockStoreTest, IdsAreRandomAndReservationsKeepDistinctTagPrefixes) {
+  MakeStore(1200);
+  std::vector<CapabilityId> ids;
+  absl::flat_hash_set<uint64_t> prefixes, firsts;
+  for (uint32_t n = 0; n < 1000; ++n) {
+    const BlockKey k = Key(n + 100);
+    auto a = store_->Allocate(ns_, std::span<const BlockKey>(&k, 1));
+    ASSERT_OK(a);
+    ASSERT_FALSE(a->reservation_id.null());
+    EXPECT_TRUE(prefixes.insert(a->reservation_id.tag_prefix()).second);
+    EXPECT_TRUE(firsts.insert(a->reservation_id.low64()).second);
+    EXPECT_TRUE(store_->PutTagFreeFor(a->reservation_id));
+    ids.push_back(a->reservation_id);
+  }
+  // An id that shares a live reservation's tag prefix but is not that reservation: its tags are taken.
+  auto sharing = ids[0].bytes();
+  sharing[15] ^= 1;
+  EXPECT_FALSE(store_->PutTagFreeFor(CapabilityId::FromArray(sharing)));
+  store_->Abort(ids[0]);
+  EXPECT_TRUE(store_->PutTagFreeFor(CapabilityId::FromArray(sharing)));  // the prefix left with it
+  for (size_t i = 1; i < ids.size(); ++i) {
+    int differ = 0;
+    for (size_t b = 0; b < CapabilityId::kBytes; ++b) {
+      differ += std::popcount(static_cast<uint8_t>(ids[i].bytes()[b] ^ ids[i - 1].bytes()[b]));
+    }
+    EXPECT_GE(differ, 32) << i;
+  }
 }
 
 TEST_F(BlockStoreTest, LeaseTtlIsCappedAtTheMaximum) {
@@ -313,7 +401,7 @@ TEST_F(BlockStoreTest, CapacityHoldsUnderThreeTimesOverfillWithConcurrentLeasedR
             BlockChecksum(out.data(), out.size()) != lease.blocks[0].checksum) {
           read_errors.fetch_add(1);
         }
-        store_->Release(std::span<const uint64_t>(&lease.lease_id, 1));
+        store_->Release(std::span<const CapabilityId>(&lease.lease_id, 1));
       }
       const uint64_t used = store_->used_bytes();
       uint64_t prev = max_used.load();
@@ -433,7 +521,7 @@ TEST_F(BlockStoreTest, DefragmentLeavesSlabsWithLeasedBlocksAlone) {
   auto [moved, freed] = store_->Defragment();
   EXPECT_EQ(freed, 0u);
   EXPECT_EQ(moved, 0u);
-  store_->Release(std::span<const uint64_t>(&lease.lease_id, 1));
+  store_->Release(std::span<const CapabilityId>(&lease.lease_id, 1));
   EXPECT_EQ(store_->Defragment().second, 1u);
   EXPECT_EQ(ReadBack(30, ns_), Payload(30));
 }
@@ -493,7 +581,7 @@ TEST_F(BlockStoreTest, OneTenantsLeasesCannotPinTheTierAgainstAnother) {
   EXPECT_EQ(store_->stats().rejections_no_space.load(), 0u);
 
   // Released leases unpin: the tenant may lease up to its bound again.
-  store_->Release(std::vector<uint64_t>{read.lease_id, again.lease_id});
+  store_->Release(std::vector<CapabilityId>{read.lease_id, again.lease_id});
   EXPECT_EQ(store_->TenantPinnedBytes(ns_.tenant_id), 0u);
 }
 
@@ -544,7 +632,7 @@ TEST_F(BlockStoreTest, AQuotaBelowTheShareBoundsWhatItsTenantPins) {
   auto read = store_->AcquireRead(ns_, keys, absl::Seconds(60));
   EXPECT_EQ(read.refused_pinned, 0u);
   EXPECT_EQ(store_->TenantPinnedBytes(ns_.tenant_id), 6 * kBlock);
-  store_->Release(std::span<const uint64_t>(&read.lease_id, 1));
+  store_->Release(std::span<const CapabilityId>(&read.lease_id, 1));
 
   auto quarter_store = BlockStore::Create(
       {.capacity_bytes = 16 * kBlock, .slab_bytes = 16 * kBlock, .tenant_pinned_share = 0.25, .clock = &clock_});

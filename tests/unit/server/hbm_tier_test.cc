@@ -79,7 +79,7 @@ class HbmTierTest : public ::testing::Test {
   }
 
   // Reads block n (empty when absent) through CopyOut and, when `keep_lease`, leaves the lease held.
-  std::vector<std::byte> Read(uint32_t n, uint64_t* keep_lease = nullptr) {
+  std::vector<std::byte> Read(uint32_t n, CapabilityId* keep_lease = nullptr) {
     const BlockKey k = Key(n);
     auto lease = store_->AcquireRead(ns_, std::span<const BlockKey>(&k, 1), absl::ZeroDuration());
     if (!lease.blocks[0].present) return {};
@@ -89,7 +89,7 @@ class HbmTierTest : public ::testing::Test {
     if (keep_lease != nullptr) {
       *keep_lease = lease.lease_id;
     } else {
-      store_->Release(std::span<const uint64_t>(&lease.lease_id, 1));
+      store_->Release(std::span<const CapabilityId>(&lease.lease_id, 1));
     }
     return out;
   }
@@ -126,7 +126,7 @@ TEST_F(HbmTierTest, AHostBlockAnotherLeaseHoldsIsNotPromoted) {
   const BlockKey k = Key(0);
   const auto held = store_->Lookup(ns_, std::span<const BlockKey>(&k, 1), absl::Seconds(10));
   ASSERT_TRUE(held.present[0]);
-  ASSERT_NE(held.lease_id, 0u);
+  ASSERT_FALSE(held.lease_id.null());
   auto pinned = store_->PinForSend(held.lease_id, 0);
   ASSERT_OK(pinned);
   EXPECT_EQ(Read(0), Payload(0));  // a second reader, with promotion on
@@ -138,9 +138,9 @@ TEST_F(HbmTierTest, AHostBlockAnotherLeaseHoldsIsNotPromoted) {
   ASSERT_OK(hbm);
   EXPECT_FALSE(hbm->blocks[0].has_value());
   EXPECT_EQ(store_->TierOfForTest(k), Tier::kHost);  // not moved for the device path either
-  if (hbm->lease_id != 0) store_->Release(std::span<const uint64_t>(&hbm->lease_id, 1));
+  if (!hbm->lease_id.null()) store_->Release(std::span<const CapabilityId>(&hbm->lease_id, 1));
   store_->Unpin(held.lease_id, 0);
-  store_->Release(std::span<const uint64_t>(&held.lease_id, 1));
+  store_->Release(std::span<const CapabilityId>(&held.lease_id, 1));
   EXPECT_EQ(Read(0), Payload(0));  // nobody else holds it now: it moves up
   EXPECT_EQ(store_->TierOfForTest(k), Tier::kHbm);
 }
@@ -240,7 +240,7 @@ TEST_F(HbmTierTest, AFailedDeviceCopyLeavesTheBlockInHost) {
 TEST_F(HbmTierTest, LeasedHbmBlocksAreNeverEvicted) {
   Open(2, 8);
   for (uint32_t n = 0; n < 3; ++n) Put(n);
-  uint64_t l0 = 0, l1 = 0;
+  CapabilityId l0, l1;
   EXPECT_EQ(Read(0, &l0), Payload(0));
   EXPECT_EQ(Read(1, &l1), Payload(1));
   EXPECT_EQ(Read(2), Payload(2));  // HBM full of leased blocks: 2 stays in host and is served from there
@@ -248,7 +248,7 @@ TEST_F(HbmTierTest, LeasedHbmBlocksAreNeverEvicted) {
   EXPECT_EQ(store_->TierOfForTest(Key(0)), Tier::kHbm);
   EXPECT_EQ(store_->TierOfForTest(Key(1)), Tier::kHbm);
   ExpectBudgets(2, 8);
-  const uint64_t leases[] = {l0, l1};
+  const CapabilityId leases[] = {l0, l1};
   EXPECT_EQ(store_->Release(leases), 2u);
   EXPECT_EQ(Read(2), Payload(2));
   EXPECT_EQ(store_->TierOfForTest(Key(2)), Tier::kHbm);

@@ -85,7 +85,7 @@ class TieredStoreTest : public ::testing::Test {
     std::vector<std::byte> out(lease.blocks[0].size_bytes);
     EXPECT_OK(store_->CopyOut(lease.lease_id, 0, 0, out));
     EXPECT_EQ(BlockChecksum(out.data(), out.size()), lease.blocks[0].checksum);
-    store_->Release(std::span<const uint64_t>(&lease.lease_id, 1));
+    store_->Release(std::span<const CapabilityId>(&lease.lease_id, 1));
     return out;
   }
 
@@ -202,7 +202,7 @@ TEST_F(TieredStoreTest, CorruptHostBytesNeverReachDisk) {
 
 TEST_F(TieredStoreTest, BudgetsHoldUnderThreeTimesOverfillWithLeasedReaders) {
   Open(8, 16);
-  std::vector<uint64_t> leases;
+  std::vector<CapabilityId> leases;
   for (uint32_t n = 0; n < 72; ++n) {
     Put(n);
     if (n % 18 == 0) {  // a reader that never releases (4 of the 8 host slots end up pinned)

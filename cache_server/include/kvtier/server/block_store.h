@@ -18,6 +18,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "kvtier/common/block_key.h"
+#include "kvtier/common/capability_id.h"
 #include "kvtier/common/clock.h"
 #include "kvtier/server/block_event_sink.h"
 #include "kvtier/server/device_tier_memory.h"
@@ -99,6 +100,20 @@ struct NamespaceRef {
 
 // A stable 64-bit id of a tenant name (XXH3-64), the same after a restart. Thread-safe.
 uint64_t TenantId(const std::string& tenant);
+
+// Who presents a lease or reservation id to the store: a tenant id (TenantId()) finds only ids that tenant
+// obtained; kAnyTenant (an admin, a server without tokens, or a transport whose peers carry no identity)
+// finds an id of any tenant. An id of another tenant gets exactly the answer of an unknown id (the same
+// status code and message, UnknownLeaseError / UnknownReservationError, or the same silence), so that
+// refusals never tell whether an id is live.
+using IdHolder = std::optional<uint64_t>;
+inline constexpr IdHolder kAnyTenant = std::nullopt;
+// The one answer for a lease id that is unknown, released, expired or another tenant's:
+// FailedPrecondition "unknown or expired lease".
+absl::Status UnknownLeaseError();
+// The one answer for a reservation id that is unknown, committed, aborted, expired or another tenant's:
+// FailedPrecondition "unknown or expired reservation".
+absl::Status UnknownReservationError();
 
 // kHbm: device memory (the HBM tier, when configured); kHost: host memory; kDisk: RocksDB.
 enum class Tier : uint8_t { kHost = 0, kDisk = 1, kHbm = 2 };
@@ -188,8 +203,10 @@ struct ReadBlockInfo {
 // leased block is never evicted or reused; a reservation that is not committed within reservation_ttl returns its
 // slots. Capacity: slots come from a SlabAllocator of capacity_bytes, so usage never exceeds it; when no unleased block
 // can be evicted, Allocate reports kNoSpace for that key (a rejection). Payload copies (Write, CopyOut) and checksums
-// run outside the lock; the slot is pinned meanwhile, so expiry never frees memory under a copy. Thread-safety: all
-// public methods may be called concurrently.
+// run outside the lock; the slot is pinned meanwhile, so expiry never frees memory under a copy. Lease and
+// reservation ids are CapabilityId::Random() (128 bits from a CSPRNG), never sequential and never reused, and
+// are bound to the tenant of the blocks they name (IdHolder). Thread-safety: all public methods may be called
+// concurrently.
 class BlockStore {
  public:
   // Errors: InvalidArgument (bad options), ResourceExhausted (region could not be reserved).
@@ -197,13 +214,13 @@ class BlockStore {
   ~BlockStore();
 
   // For each key: committed in `ns` (same namespace id and tenant)? Takes no lease unless lease_ttl > 0
-  // (capped at max_lease_ttl), in which case the present blocks are leased under the returned id (0 when
+  // (capped at max_lease_ttl), in which case the present blocks are leased under the returned id (null when
   // none were present). Does not count as an access.
   // A present block that would take its tenant past its pinned-bytes bound (tenant_pinned_share) is
   // answered absent when lease_ttl > 0, and counted in refused_pinned.
   struct LookupResult {
     std::vector<bool> present;
-    uint64_t lease_id = 0;
+    CapabilityId lease_id;
     absl::Duration lease_ttl;
     uint32_t refused_pinned = 0;  // present blocks answered absent: their tenant is at its pinned bound
   };
@@ -215,7 +232,9 @@ class BlockStore {
   // Errors: InvalidArgument (block_bytes is 0 or above max_block_bytes(), so that it could not fit even an
   // empty tier: nothing is evicted for it; depths of the wrong length).
   struct AllocateResult {
-    uint64_t reservation_id = 0;  // 0 when no key was allocated
+    // Null when no key was allocated. Its tag prefix (CapabilityId::tag_prefix()) differs from that of every
+    // other live reservation of the store, so UCX put tags (kvtier/wire/ucx_messages.h PutTag) never collide.
+    CapabilityId reservation_id;
     std::vector<AllocateOutcome> outcomes;
     absl::Duration ttl;
   };
@@ -223,45 +242,54 @@ class BlockStore {
                                           std::span<const uint32_t> depths = {});
 
   // Copies `data` (borrowed for the call) to bytes [offset, offset + size) of the block at `index` of the
-  // reservation. Chunks of one block must arrive in order (offset == bytes written so far).
-  // Errors: FailedPrecondition (unknown, expired or committed reservation), InvalidArgument (index not
-  // allocated, out-of-order offset, past the block's end).
-  absl::Status Write(uint64_t reservation_id, uint32_t index, uint64_t offset, std::span<const std::byte> data);
+  // reservation. Chunks of one block must arrive in order (offset == bytes written so far). `holder`: see
+  // IdHolder. Errors: UnknownReservationError (unknown, expired, committed or `holder` is another tenant),
+  // InvalidArgument (index not allocated, out-of-order offset, past the block's end).
+  absl::Status Write(const CapabilityId& reservation_id, uint32_t index, uint64_t offset,
+                     std::span<const std::byte> data, IdHolder holder = kAnyTenant);
 
   // Phase 2: per key of the reservation, verify that all bytes were written and that their XXH3-64
   // equals checksums[i]; matching blocks become visible, others free their slots. Ends the reservation.
-  // Errors: FailedPrecondition (unknown or expired reservation), InvalidArgument (checksums.size() is
-  // not the number of keys).
-  absl::StatusOr<std::vector<CommitOutcome>> Commit(uint64_t reservation_id, std::span<const uint64_t> checksums);
+  // Errors: UnknownReservationError (unknown, expired, or `holder` is another tenant), InvalidArgument
+  // (checksums.size() is not the number of keys), FailedPrecondition (writes still in flight).
+  absl::StatusOr<std::vector<CommitOutcome>> Commit(const CapabilityId& reservation_id,
+                                                    std::span<const uint64_t> checksums, IdHolder holder = kAnyTenant);
 
-  // Ends a reservation and frees its slots. Unknown ids are ignored (it may have expired).
-  void Abort(uint64_t reservation_id);
+  // Ends a reservation and frees its slots. Unknown ids, and ids of a tenant other than `holder`, are
+  // ignored alike (it may have expired).
+  void Abort(const CapabilityId& reservation_id, IdHolder holder = kAnyTenant);
 
   // Leases the present keys for lease_ttl (0: default_lease_ttl; capped at max_lease_ttl) and counts an
-  // access to each. Returns the lease id (0 when none was present) and per-key info.
+  // access to each. Returns the lease id (null when none was present) and per-key info.
   // A present block that would take its tenant past its pinned-bytes bound (tenant_pinned_share) is
   // answered absent and counted in refused_pinned.
   struct ReadLease {
-    uint64_t lease_id = 0;
+    CapabilityId lease_id;
     std::vector<ReadBlockInfo> blocks;
     uint32_t refused_pinned = 0;  // present blocks answered absent: their tenant is at its pinned bound
   };
   ReadLease AcquireRead(const NamespaceRef& ns, std::span<const BlockKey> keys, absl::Duration lease_ttl);
 
   // Copies bytes [offset, offset + dst.size()) of the block at `index` of lease `lease_id` into `dst`.
-  // Errors: FailedPrecondition (lease unknown, released or expired), InvalidArgument (index not present
+  // Errors: UnknownLeaseError (lease unknown, released or expired), InvalidArgument (index not present
   // in the lease, range past the block's end).
-  absl::Status CopyOut(uint64_t lease_id, uint32_t index, uint64_t offset, std::span<std::byte> dst);
+  absl::Status CopyOut(const CapabilityId& lease_id, uint32_t index, uint64_t offset, std::span<std::byte> dst);
 
-  // Releases leases; returns how many were live.
-  uint32_t Release(std::span<const uint64_t> lease_ids);
+  // Releases the leases of `lease_ids` that `holder` holds (IdHolder); returns how many were live. Unknown
+  // ids and another tenant's are skipped alike (that lease stays).
+  uint32_t Release(std::span<const CapabilityId> lease_ids, IdHolder holder = kAnyTenant);
 
   // The tenant id of the blocks of live reservation `reservation_id`, or nullopt when it is unknown,
-  // committed, aborted or expired. Lets the RPC layer refuse a reservation id of another tenant.
-  std::optional<uint64_t> ReservationTenant(uint64_t reservation_id) const;
+  // committed, aborted or expired. For tests and operators: the RPC layer passes the caller's IdHolder.
+  std::optional<uint64_t> ReservationTenant(const CapabilityId& reservation_id) const;
   // The tenant id of the blocks of live lease `lease_id`, or nullopt when it is unknown, released or
-  // expired (or holds no block).
-  std::optional<uint64_t> LeaseTenant(uint64_t lease_id) const;
+  // expired.
+  std::optional<uint64_t> LeaseTenant(const CapabilityId& lease_id) const;
+  // Whether the UCX put tags of `reservation_id` (its tag_prefix()) are free of every live reservation
+  // other than `reservation_id` itself. A transport that cannot pin a kPut's id drains the sender's
+  // message with a zero-byte receive on that tag only when this holds, so that a kPut with a wrong id
+  // never takes a message meant for another reservation's slot.
+  bool PutTagFreeFor(const CapabilityId& reservation_id) const;
   // Bytes of tenant `tenant_id`'s blocks now: reserved and committed, every tier, logical sizes (what
   // tenant_quota_bytes limits). 0 for an unknown tenant.
   uint64_t TenantBytes(uint64_t tenant_id) const;
@@ -293,24 +321,27 @@ class BlockStore {
 
   // Pins lease `lease_id` for one send of the block at `index`: returns its host slot, or the lease's own
   // buffer for a disk block that was not promoted. The bytes stay valid and unchanged until Unpin.
-  // Errors: FailedPrecondition (lease unknown, released or expired), InvalidArgument (index not held).
-  absl::StatusOr<PinnedBlock> PinForSend(uint64_t lease_id, uint32_t index);
+  // Errors: UnknownLeaseError (lease unknown, released, expired, or `holder` is another tenant),
+  // InvalidArgument (index not held).
+  absl::StatusOr<PinnedBlock> PinForSend(const CapabilityId& lease_id, uint32_t index, IdHolder holder = kAnyTenant);
   // Ends one successful PinForSend(lease_id, index); the caller no longer touches the bytes. Ends the
   // lease if it was released or expired meanwhile.
-  void Unpin(uint64_t lease_id, uint32_t index);
+  void Unpin(const CapabilityId& lease_id, uint32_t index);
 
   // Pins reservation `reservation_id` for one receive of the whole block at `index` straight into its
   // reserved slot (size_bytes = the block's size). Write() to that block is refused until FinishReceive.
-  // Errors: FailedPrecondition (reservation unknown, expired or committed; the block is already being
-  // received or has bytes written), InvalidArgument (index not allocated).
-  absl::StatusOr<PinnedBlock> PinForReceive(uint64_t reservation_id, uint32_t index);
+  // Errors: UnknownReservationError (unknown, expired, committed, or `holder` is another tenant),
+  // FailedPrecondition (the block is already being received or has bytes written), InvalidArgument (index
+  // not allocated).
+  absl::StatusOr<PinnedBlock> PinForReceive(const CapabilityId& reservation_id, uint32_t index,
+                                            IdHolder holder = kAnyTenant);
   // Ends one successful PinForReceive. With ok and bytes == the block's size the block counts as fully
   // written (Commit then verifies its checksum); otherwise it stays unwritten (Commit: kIncomplete).
   // `checksum`, when given, is the XXH3-64 the caller computed over the slot's bytes after they landed
   // (while they were still in cache); Commit compares against it instead of hashing the slot again.
   // The slot cannot change in between: Write() to a received block is refused.
   // Ends the reservation if it was aborted or expired meanwhile.
-  void FinishReceive(uint64_t reservation_id, uint32_t index, uint64_t bytes, bool ok,
+  void FinishReceive(const CapabilityId& reservation_id, uint32_t index, uint64_t bytes, bool ok,
                      std::optional<uint64_t> checksum = std::nullopt);
 
   // --- Device-to-device transfers (the NCCL transport, transport/nccl/) ---
@@ -321,7 +352,7 @@ class BlockStore {
     uint64_t size_bytes = 0;
   };
   struct HbmLease {
-    uint64_t lease_id = 0;                           // 0 when no block was placed in HBM
+    CapabilityId lease_id;                           // null when no block was placed in HBM
     std::vector<std::optional<DeviceBlock>> blocks;  // per key; nullopt: absent, or not placeable in HBM
     uint32_t refused_pinned = 0;  // present blocks answered absent: their tenant is at its pinned bound
   };
@@ -439,7 +470,7 @@ class BlockStore {
     uint64_t namespace_id = 0;
     uint64_t size_bytes = 0;
     uint64_t checksum = 0;
-    uint64_t reservation_id = 0;  // while kReserved
+    CapabilityId reservation_id;  // while kReserved
     uint64_t tenant_id = 0;
     SlotRef slot;  // while tier == kHost (allocator_) or kHbm (hbm_allocator_)
     uint32_t lease_count = 0;
@@ -456,8 +487,9 @@ class BlockStore {
     std::vector<std::vector<std::byte>> owned;
     uint64_t owned_bytes = 0;  // sum of owned's sizes, counted in lease_buffer_used_
     absl::Time expiry;
-    uint32_t pins = 0;  // copies in flight
-    bool dead = false;  // released or expired while pinned: free at unpin
+    uint64_t tenant_id = 0;  // of its blocks: the tenant that took it
+    uint32_t pins = 0;       // copies in flight
+    bool dead = false;       // released or expired while pinned: free at unpin
   };
   struct Reservation {
     std::vector<EntryHandle> entries;                        // per key index; kNoEntry when not allocated
@@ -465,6 +497,7 @@ class BlockStore {
     std::vector<uint8_t> receiving;                          // per key: 1 while a PinForReceive transfer is in flight
     std::vector<std::optional<uint64_t>> received_checksum;  // per key: from FinishReceive, if given
     absl::Time expiry;
+    uint64_t tenant_id = 0;  // the tenant that allocated it
     uint32_t pins = 0;
     bool dead = false;
   };
@@ -522,11 +555,16 @@ class BlockStore {
   // Copies an HBM block to `out` (resized) and verifies its checksum. False on a failed copy or checksum.
   bool ReadHbmLocked(const Entry& e, std::vector<std::byte>* out);
   void ExpireLocked(absl::Time now);
-  void EndLeaseLocked(uint64_t lease_id, Lease& lease);
+  void EndLeaseLocked(const CapabilityId& lease_id, Lease& lease);
+  // Erases reservation `it` from reservations_ (and its tag prefix).
+  void EraseReservationLocked(absl::flat_hash_map<CapabilityId, Reservation>::iterator it);
+  // The live lease / reservation `id` as `holder` may see it, or null (unknown, ended, another tenant's).
+  Lease* FindLeaseLocked(const CapabilityId& id, IdHolder holder);
+  Reservation* FindReservationLocked(const CapabilityId& id, IdHolder holder);
   void EndReservationLocked(Reservation& r);
   absl::Duration ClampLease(absl::Duration ttl) const;
   // `counted`: the entries' lease counts were already raised by the caller.
-  uint64_t NewLeaseLocked(std::vector<EntryHandle> entries, absl::Duration ttl, bool counted = false);
+  CapabilityId NewLeaseLocked(std::vector<EntryHandle> entries, absl::Duration ttl, bool counted = false);
   // Lease counts and tiers go through these, which keep tenant_pinned_bytes_ (the bytes of a tenant's
   // leased blocks in host memory): the first lease on a host block counts it, the last one to end
   // uncounts it, and a leased block that enters or leaves host memory is counted or uncounted.
@@ -562,17 +600,21 @@ class BlockStore {
   std::unique_ptr<EvictionPolicy> hbm_policy_;    // HBM entries
   BlockStoreStats stats_;
 
-  mutable std::mutex mu_;                                    // std::mutex so ThreadSanitizer sees it (HOUSE_STYLE §8)
-  absl::flat_hash_map<BlockKey, EntryHandle> index_;         // guarded by mu_
-  std::vector<Entry> entries_;                               // guarded by mu_
-  std::vector<EntryHandle> free_entries_;                    // guarded by mu_
-  absl::flat_hash_map<uint64_t, Lease> leases_;              // guarded by mu_
-  absl::flat_hash_map<uint64_t, Reservation> reservations_;  // guarded by mu_
+  mutable std::mutex mu_;                             // std::mutex so ThreadSanitizer sees it (HOUSE_STYLE §8)
+  absl::flat_hash_map<BlockKey, EntryHandle> index_;  // guarded by mu_
+  std::vector<Entry> entries_;                        // guarded by mu_
+  std::vector<EntryHandle> free_entries_;             // guarded by mu_
+  absl::flat_hash_map<CapabilityId, Lease> leases_;   // guarded by mu_
+  absl::flat_hash_map<CapabilityId, Reservation> reservations_;  // guarded by mu_
+  // tag_prefix() of every reservation in reservations_ -> its id; guarded by mu_.
+  absl::flat_hash_map<uint64_t, CapabilityId> reservation_tag_prefixes_;
   // (deadline, id) min-heaps for expiry; stale ids are skipped.
-  using Deadline = std::pair<absl::Time, uint64_t>;
-  std::priority_queue<Deadline, std::vector<Deadline>, std::greater<>> lease_deadlines_;        // mu_
-  std::priority_queue<Deadline, std::vector<Deadline>, std::greater<>> reservation_deadlines_;  // mu_
-  uint64_t next_id_ = 1;                                                                        // guarded by mu_
+  using Deadline = std::pair<absl::Time, CapabilityId>;
+  struct LaterDeadline {
+    bool operator()(const Deadline& a, const Deadline& b) const { return a.first > b.first; }
+  };
+  std::priority_queue<Deadline, std::vector<Deadline>, LaterDeadline> lease_deadlines_;        // mu_
+  std::priority_queue<Deadline, std::vector<Deadline>, LaterDeadline> reservation_deadlines_;  // mu_
   absl::flat_hash_map<uint64_t, uint64_t> tenant_bytes_;         // guarded by mu_; tenant id -> TenantBytes()
   absl::flat_hash_map<uint64_t, uint64_t> tenant_pinned_bytes_;  // guarded by mu_; -> TenantPinnedBytes()
   uint64_t refused_tenant_ = 0;                                  // guarded by mu_: the last tenant refused space

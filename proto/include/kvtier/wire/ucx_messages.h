@@ -3,21 +3,27 @@
 //
 // Protocol (DESIGN.md §4, docs/architecture.md "UCX data plane"): the control plane stays gRPC (leases,
 // reservations, commits); UCX carries only payload bytes as tagged messages, plus these active messages
-// (AM), each a little-endian byte string in the AM's data:
+// (AM), each a little-endian byte string in the AM's data. `id16` is a lease or reservation id: its 16
+// bytes (kvtier/common/capability_id.h), random and bound to the tenant that took it; an id the server
+// does not hold live is answered exactly as one of another tenant's would be (empty messages, ok = 0).
+// Version 2: ids are id16 (version 1 carried them as u64 and took sequential ids).
 //   kHello      client -> server  {version u32, nonce u64}
 //   kHelloReply server -> client  {version u32, nonce u64, node_id_len u32, node_id bytes, flags u32}
 //                 flags & kTakesLeases: the server answers kLease (it requires no token; see kLease).
-//   kGet        client -> server  {request_id u64, lease_id u64, tag_base u64, flags u32, n u32, index u32 x n}
+//   kGet        client -> server  {request_id u64, lease_id id16, tag_base u64, flags u32, n u32, index u32 x n}
 //                 The server sends, for each j < n, block indices[j] of the lease as one tagged message
 //                 with tag tag_base + j, straight from the leased slot; a block it cannot send (lease
 //                 expired, index not held) is sent as an empty message on its tag, so that every posted
-//                 receive completes. flags & kGetRelease: release the lease once every send completed.
-//   kPut        client -> server  {request_id u64, reservation_id u64, n u32, index u32 x n}
-//                 The server posts, for each index, a tagged receive straight into the reserved slot with
-//                 tag PutTag(reservation_id, index); the client sends the block's bytes with that tag.
+//                 receive completes (an unknown or foreign lease id: every message empty).
+//                 flags & kGetRelease: release the lease once every send completed.
+//   kPut        client -> server  {request_id u64, reservation_id id16, n u32, index u32 x n}
+//                 The server checks the full id, then posts, for each index, a tagged receive straight
+//                 into the reserved slot with tag PutTag(reservation_id, index); the client sends the
+//                 block's bytes with that tag. A tag is not a capability (it holds 39 bits of the id):
+//                 only a kPut naming the whole live id makes the server post receives into its slots.
 //   kPutDone    server -> client  {request_id u64, n u32, ok u8 x n}: every receive of the request finished
 //                 (ok = all bytes arrived); the client commits over gRPC only after it.
-//   kRelease    client -> server  {lease_id u64}: release the lease (a client that split one lease's
+//   kRelease    client -> server  {lease_id id16}: release the lease (a client that split one lease's
 //                 blocks over several kGet requests, on several endpoints, sends it after the last).
 //   kLease      client -> server  {request_id u64, request bytes}: a serialized kvtier.v1.ReadRequest;
 //                 the server does what the Lease RPC does and answers kLeaseReply. Offered only by a
@@ -38,13 +44,19 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <vector>
+
+#include "kvtier/common/capability_id.h"
 
 namespace kvtier::wire::ucx {
 
 static_assert(std::endian::native == std::endian::little, "the UCX messages are little-endian in memory");
+static_assert(sizeof(CapabilityId) == CapabilityId::kBytes && std::is_trivially_copyable_v<CapabilityId>,
+              "an id16 is written and read as its 16 bytes");
 
-inline constexpr uint32_t kProtocolVersion = 1;
+// 2: lease and reservation ids are 16 random bytes (1: sequential u64 ids).
+inline constexpr uint32_t kProtocolVersion = 2;
 
 // Active message ids (ucp_worker_set_am_recv_handler).
 enum AmId : uint16_t {
@@ -62,15 +74,22 @@ inline constexpr uint32_t kTakesLeases = 1;  // kHelloReply flag
 
 inline constexpr uint32_t kGetRelease = 1;  // kGet flag: release the lease after the last send
 
-// Tags of put payloads, as the server matches them: bit 63 set, 39 bits of reservation id, 24 bits of
-// block index. Reservation ids come from one counter per server, so tags of two puts never collide.
+// Tags of put payloads, as the server matches them: bit 63 set, then the reservation's tag prefix (the
+// low 39 bits of CapabilityId::low64(), i.e. of the id's first 8 bytes read little-endian), then 24 bits
+// of block index. The store never keeps two live reservations with the same prefix (it draws a new id
+// instead, BlockStore::Allocate), so tags of two live puts never collide. The prefix is not secret from
+// a peer that sees the tagged bytes, and a tag alone names no reservation: the server posts receives
+// only for a kPut whose full 16-byte id is live.
 inline constexpr uint64_t kPutTagBit = uint64_t{1} << 63;
 inline constexpr uint32_t kTagIndexBits = 24;
-inline constexpr uint64_t kMaxTagReservationId = (uint64_t{1} << 39) - 1;
+inline constexpr uint32_t kTagPrefixBits = CapabilityId::kTagPrefixBits;
+static_assert(1 + kTagPrefixBits + kTagIndexBits == 64, "a put tag is 64 bits");
 inline constexpr uint32_t kMaxTagIndex = (uint32_t{1} << kTagIndexBits) - 1;
-// Valid when reservation_id <= kMaxTagReservationId and index <= kMaxTagIndex.
-inline uint64_t PutTag(uint64_t reservation_id, uint32_t index) {
-  return kPutTagBit | (reservation_id << kTagIndexBits) | index;
+// The 39-bit tag prefix of reservation `reservation_id`.
+inline uint64_t PutTagPrefix(const CapabilityId& reservation_id) { return reservation_id.tag_prefix(); }
+// The tag of block `index` (<= kMaxTagIndex) of reservation `reservation_id`.
+inline uint64_t PutTag(const CapabilityId& reservation_id, uint32_t index) {
+  return kPutTagBit | (PutTagPrefix(reservation_id) << kTagIndexBits) | index;
 }
 
 struct Hello {
@@ -92,18 +111,18 @@ struct LeaseMessage {
 };
 struct GetRequest {
   uint64_t request_id = 0;
-  uint64_t lease_id = 0;
+  CapabilityId lease_id;
   uint64_t tag_base = 0;
   uint32_t flags = 0;
   std::vector<uint32_t> indices;
 };
 struct PutRequest {
   uint64_t request_id = 0;
-  uint64_t reservation_id = 0;
+  CapabilityId reservation_id;
   std::vector<uint32_t> indices;
 };
 struct Release {
-  uint64_t lease_id = 0;
+  CapabilityId lease_id;
 };
 struct PutDone {
   uint64_t request_id = 0;
