@@ -50,7 +50,7 @@ TEST(CapabilityIdTest, RandomIdsAreDistinctNonNullAndDifferInAboutHalfTheirBits)
       int differ = 0;
       for (size_t k = 0; k < CapabilityId::kBytes; ++k)
         differ += std::popcount(uint8_t(id.bytes()[k] ^ prev.bytes()[k]));
-      EXPECT_GE(differ, 32) << "consecutive ids " << prev.ToHex() << " and " << id.ToHex();
+      EXPECT_GE(differ, 24) << "consecutive ids " << prev.ToHex() << " and " << id.ToHex();
     }
     prev = id;
   }

@@ -335,7 +335,7 @@ TEST_F(BlockStoreTest, IdsAreRandomAndReservationsKeepDistinctTagPrefixes) {
     for (size_t b = 0; b < CapabilityId::kBytes; ++b) {
       differ += std::popcount(static_cast<uint8_t>(ids[i].bytes()[b] ^ ids[i - 1].bytes()[b]));
     }
-    EXPECT_GE(differ, 32) << i;
+    EXPECT_GE(differ, 24) << i;
   }
 }
 

@@ -149,7 +149,7 @@ TEST_F(TieredStoreTest, LeaseBuffersForDiskReadsAreBounded) {
   // A second reader finds the bound taken.
   EXPECT_TRUE(Read(2).empty());
   EXPECT_EQ(store_->stats().lease_refusals_buffer.load(), 2u);
-  store_->Release(std::span<const uint64_t>(&lease.lease_id, 1));
+  store_->Release(std::span<const CapabilityId>(&lease.lease_id, 1));
   EXPECT_EQ(store_->stats().lease_buffer_bytes.load(), 0u);
   EXPECT_EQ(Read(2), Payload(2)) << "the released lease's bytes are free again";
   EXPECT_EQ(store_->stats().lease_buffer_bytes.load(), 0u);
