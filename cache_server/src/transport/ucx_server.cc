@@ -43,10 +43,12 @@ constexpr absl::Duration kSweepInterval = absl::Milliseconds(100);
 // (see MaintenanceIfDue); at most transfer_timeout.
 constexpr absl::Duration kAbandonGrace = absl::Milliseconds(250);
 constexpr absl::Duration kShutdownDrain = absl::Seconds(2);
-constexpr int kIdleSpins = 256;
+constexpr int kIdleSpins = 256;  // progress calls with nothing done before the thread sleeps in poll()
 // How long a refused endpoint stays open for its kHelloReply (with kRefused) to get out.
-constexpr absl::Duration kRefusedLinger =
-    absl::Milliseconds(500);  // progress calls with nothing done before the thread sleeps in poll()
+constexpr absl::Duration kRefusedLinger = absl::Milliseconds(500);
+// With tickets required: an endpoint that has not proven one this long after it connected is closed,
+// so that peers that connect and stay silent cannot hold endpoints open.
+constexpr absl::Duration kHelloTimeout = absl::Seconds(10);
 
 absl::StatusOr<sockaddr_storage> ResolveIpv4(const std::string& host_port) {
   const size_t colon = host_port.rfind(':');
@@ -145,7 +147,8 @@ struct UcxServer::Impl {
     uint64_t put_tag_key = 0;
   };
   absl::flat_hash_map<EpId, EpSession> sessions_of;
-  std::vector<std::pair<EpId, absl::Time>> refused;  // closed at that time (kRefusedLinger)
+  std::vector<std::pair<EpId, absl::Time>> refused;   // closed at that time (kRefusedLinger)
+  std::vector<std::pair<EpId, absl::Time>> unproven;  // closed at that time unless in sessions_of
 
   ~Impl() {
     if (wake_fd >= 0) close(wake_fd);
@@ -321,6 +324,15 @@ struct UcxServer::Impl {
       to_close.clear();
     }
     const absl::Time now = absl::Now();
+    for (size_t i = 0; i < unproven.size();) {
+      if (unproven[i].second <= now) {
+        if (!sessions_of.contains(unproven[i].first)) CloseEp(unproven[i].first);
+        unproven[i] = unproven.back();
+        unproven.pop_back();
+      } else {
+        ++i;
+      }
+    }
     for (size_t i = 0; i < refused.size();) {
       if (refused[i].second <= now) {
         CloseEp(refused[i].first);
@@ -441,6 +453,7 @@ struct UcxServer::Impl {
       const EpId id = self->next_ep++;
       self->eps[id] = handle;
       self->ep_ids[handle] = id;
+      if (self->TicketsRequired()) self->unproven.push_back({id, absl::Now() + kHelloTimeout});
     } else {
       ucp_listener_reject(self->listener, conn_request);
     }
@@ -525,11 +538,19 @@ struct UcxServer::Impl {
         return UCS_OK;
       }
       EpSession session{.who = *who};
-      // A key of 0 would leave the plain tags; getrandom of 8 bytes does not fail short.
-      while (session.put_tag_key == 0) {
+      // A key of 0 would leave the plain tags. getrandom of 8 bytes does not fail short; should it fail
+      // (EINTR), it is tried again, never replaced by a guessable key.
+      for (int tries = 0; session.put_tag_key == 0 && tries < 16; ++tries) {
         if (getrandom(&session.put_tag_key, sizeof(session.put_tag_key), 0) != sizeof(session.put_tag_key)) {
-          session.put_tag_key = absl::ToUnixNanos(absl::Now()) | 1;  // never reached on Linux >= 3.17
+          session.put_tag_key = 0;
         }
+      }
+      if (session.put_tag_key == 0) {
+        reply.flags = msg::kRefused;
+        reply.error = "the server could not draw a put tag key; connect again";
+        self->SendAm(ep, msg::kHelloReply, msg::Encode(reply));
+        self->refused.push_back({ep, absl::Now() + kRefusedLinger});
+        return UCS_OK;
       }
       reply.put_tag_key = session.put_tag_key;
       // A second hello on an authenticated endpoint keeps its key: puts in flight use it.

@@ -528,6 +528,19 @@ TEST_F(UcxAuthTest, AnExpiredTicketIsRefused) {
   EXPECT_NE(made_up->flags & msg::kRefused, 0u);
 }
 
+TEST_F(UcxAuthTest, AnEndpointThatNeverSaysHelloIsClosed) {
+  auto silent = RawUcxPeer::Connect(server_->ucx_port());
+  ASSERT_NE(silent, nullptr);
+  silent->Progress(absl::Seconds(12));  // the server closes unproven endpoints after 10 s
+  EXPECT_FALSE(silent->Hello(Ticket(*cache_a_), absl::Seconds(3)).has_value());
+  // A new endpoint with the same ticket is served.
+  auto fresh = RawUcxPeer::Connect(server_->ucx_port());
+  ASSERT_NE(fresh, nullptr);
+  auto reply = fresh->Hello(Ticket(*cache_a_));
+  ASSERT_TRUE(reply.has_value());
+  EXPECT_EQ(reply->flags & msg::kRefused, 0u);
+}
+
 TEST_F(UcxAuthTest, AClientWithATokenPutsAndGetsOverUcxAndLeasesOverUcx) {
   client::ClientOptions o{.members = {server_->address()}, .rpc_timeout = absl::Seconds(5), .transport = "ucx"};
   o.auth_token = kTokenA;

@@ -18,7 +18,8 @@
 //               A server that requires tickets serves the AMs below only on an endpoint whose hello
 //               carried a valid ticket; any of them on another endpoint is dropped and the endpoint
 //               closed. An endpoint stays authenticated, as the ticket's tenant and role, until it
-//               closes; the ticket's expiry bounds only when it may open one.
+//               closes; the ticket's expiry bounds only when it may open one. An endpoint without a
+//               valid hello 10 s after it connected is closed.
 //   kGet        client -> server  {request_id u64, lease_id u64, tag_base u64, flags u32, n u32, index u32 x n}
 //                 The server sends, for each j < n, block indices[j] of the lease as one tagged message
 //                 with tag tag_base + j, straight from the leased slot; a block it cannot send (lease
