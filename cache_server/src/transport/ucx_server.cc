@@ -855,7 +855,7 @@ struct UcxServer::Impl {
   void FinishBatch(Batch* batch) {
     if (batch->is_put) {
       SendAm(batch->ep, msg::kPutDone, msg::Encode(msg::PutDone{.request_id = batch->request_id, .ok = batch->ok}));
-    } else if ((batch->flags & msg::kGetRelease) != 0) {
+    } else if ((batch->flags & msg::kGetRelease) != 0 && !batch->denied) {  // never another tenant's lease
       const uint64_t id = batch->id;
       store->Release(std::span<const uint64_t>(&id, 1));
     }

@@ -445,10 +445,13 @@ TEST_F(UcxAuthTest, TenantBsTicketCannotGetPutOrLeaseTenantAsBlocks) {
   ASSERT_TRUE(hello_b.has_value());
   ASSERT_EQ(hello_b->flags & msg::kRefused, 0u) << hello_b->error;
 
-  // kGet of A's lease: every block comes as an empty message.
+  // kGet of A's lease, asking the server to release it after: every block comes as an empty message,
+  // and the lease is not released (A reads through it below).
   auto recv = peer_b->PostRecv(7000, block_bytes_);
   ASSERT_TRUE(peer_b->Am(
-      msg::kGet, msg::Encode(msg::GetRequest{.request_id = 1, .lease_id = lease, .tag_base = 7000, .indices = {0}})));
+      msg::kGet,
+      msg::Encode(msg::GetRequest{
+          .request_id = 1, .lease_id = lease, .tag_base = 7000, .flags = msg::kGetRelease, .indices = {0}})));
   ASSERT_TRUE(peer_b->ProgressUntil(absl::Seconds(10), [&] { return recv->done; }));
   EXPECT_EQ(recv->length, 0u);
   EXPECT_EQ(recv->buf, std::string(block_bytes_, '\0'));
