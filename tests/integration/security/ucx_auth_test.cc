@@ -6,6 +6,7 @@
 
 #include <ucp/api/ucp.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <filesystem>
@@ -571,6 +572,58 @@ TEST_F(UcxAuthTest, AClientWithATokenPutsAndGetsOverUcxAndLeasesOverUcx) {
   EXPECT_EQ(s.ucx_get_blocks.load(), fps.size());
   EXPECT_GE(s.ucx_leases.load(), 1u);
   EXPECT_GE(s.ucx_connects.load(), 1u);
+}
+
+// TLS without tokens: the UCX plane still requires a ticket, which only a client that passed the TLS
+// handshake of the gRPC port can open.
+TEST(UcxTlsTest, WithTlsAndNoTokensTheUcxPlaneStillRequiresATicket) {
+  char dir_template[] = "/tmp/kvtier-ucx-tls-XXXXXX";
+  ASSERT_NE(mkdtemp(dir_template), nullptr);
+  const std::string d = dir_template;
+  std::ofstream(d + "/server.ext") << "subjectAltName=DNS:localhost,IP:127.0.0.1\n";
+  const std::string key = "-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes";
+  auto run = [](const std::string& cmd) { return std::system((cmd + " >/dev/null 2>&1").c_str()) == 0; };
+  ASSERT_TRUE(run(absl::StrCat("openssl req -x509 ", key, " -keyout ", d, "/ca.key -out ", d,
+                               "/ca.pem -days 2 -subj /CN=kvtier-ucx-test-ca")));
+  ASSERT_TRUE(
+      run(absl::StrCat("openssl req ", key, " -keyout ", d, "/server.key -out ", d, "/server.csr -subj /CN=server")));
+  ASSERT_TRUE(run(absl::StrCat("openssl x509 -req -in ", d, "/server.csr -CA ", d, "/ca.pem -CAkey ", d,
+                               "/ca.key -CAcreateserial -days 2 -out ", d, "/server.pem -extfile ", d, "/server.ext")));
+  std::ofstream(d + "/kvtier.yaml") << "tls:\n  cert_file: " << d << "/server.pem\n  key_file: " << d
+                                    << "/server.key\nucx:\n  listen_address: 127.0.0.1:0\n";
+  auto p = ServerProcess::Start("ucx-tls-node", {"--config=" + d + "/kvtier.yaml"});
+  ASSERT_OK(p);
+  ASSERT_NE((*p)->ucx_port(), 0);
+
+  auto peer = RawUcxPeer::Connect((*p)->ucx_port());
+  ASSERT_NE(peer, nullptr);
+  auto refused = peer->Hello("");
+  ASSERT_TRUE(refused.has_value());
+  EXPECT_NE(refused->flags & msg::kRefused, 0u);
+
+  client::ClientOptions o{.members = {(*p)->address()}, .rpc_timeout = absl::Seconds(5), .transport = "ucx"};
+  o.tls_ca_file = d + "/ca.pem";
+  auto c = client::Client::Connect(o);
+  ASSERT_OK(c);
+  const Namespace ns = TenantNamespace("tenant-a");
+  const uint64_t size = ns.layout.ShardBytes();
+  const auto fps = Chain(ns, 2, 30);
+  std::vector<std::string> data = {Pattern(size, 30), Pattern(size, 31)};
+  std::vector<std::span<const std::byte>> views;
+  for (const auto& x : data) views.push_back(std::as_bytes(std::span<const char>(x.data(), x.size())));
+  ASSERT_OK((*c)->Put(ns, fps, 0, views));
+  std::vector<std::string> out(2, std::string(size, '\0'));
+  std::vector<std::span<std::byte>> bufs;
+  for (auto& x : out) bufs.push_back(std::as_writable_bytes(std::span<char>(x.data(), x.size())));
+  auto got = (*c)->Get(ns, fps, 0, bufs);
+  ASSERT_OK(got);
+  EXPECT_EQ((*got)[0], client::GetResult::kHit);
+  EXPECT_EQ((*got)[1], client::GetResult::kHit);
+  EXPECT_EQ(out, data);
+  EXPECT_EQ((*c)->stats().ucx_get_blocks.load(), 2u);
+  EXPECT_EQ((*c)->stats().ucx_put_blocks.load(), 2u);
+  p->reset();
+  std::filesystem::remove_all(d);
 }
 
 }  // namespace
