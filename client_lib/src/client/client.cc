@@ -517,7 +517,7 @@ class Client::Impl {
     (void)member.cache->Release(&ctx, req, &resp);
   }
 
-  // Get of one owner's batch over UCX: a kLease message (a server without tokens) or the unary Lease
+  // Get of one owner's batch over UCX: a kLease message (an endpoint whose hello offered leases) or the unary Lease
   // RPC takes the lease, then the server sends the present blocks straight into `buffers` and releases
   // the lease.
   // Returns false, with nothing done to `results`, when the member answered the lease only over gRPC (a
