@@ -51,6 +51,9 @@ ABSL_FLAG(int, min_iters, 5, "calls per row at least");
 ABSL_FLAG(int, max_iters, 2000, "calls per row at most");
 ABSL_FLAG(std::string, ops, "put,get", "kvtier operations to time (get alone still stores its blocks once)");
 ABSL_FLAG(bool, grpc, true, "also measure kvtier over gRPC bytes");
+ABSL_FLAG(bool, auth, false,
+          "also measure kvtier over UCX against a server with a token (transport ucx-auth: a UCX session "
+          "ticket per endpoint, per-request tenant checks)");
 ABSL_FLAG(bool, memcpy, true, "also measure memcpy of the same blocks (the memory limit)");
 ABSL_FLAG(std::string, perftest, "ucx_perftest", "ucx_perftest binary; empty = skip the UCX limit");
 ABSL_FLAG(std::string, redis, "redis-server",
@@ -158,16 +161,31 @@ struct ServerChild {
   }
 };
 
-std::unique_ptr<ServerChild> StartServer(const std::string& binary, const std::string& tls, uint64_t host_bytes) {
+// The worker token of tenant "bench" on a server started with one (--auth).
+constexpr char kBenchToken[] = "transfer-bench-token";
+
+// `token`: the server requires it (auth.tokens: a worker of tenant "bench"); "" = no tokens.
+std::unique_ptr<ServerChild> StartServer(const std::string& binary, const std::string& tls, uint64_t host_bytes,
+                                         const std::string& token = "") {
   auto s = std::make_unique<ServerChild>();
   char tmpl[] = "/tmp/kvtier-transfer-bench-XXXXXX";
   if (mkdtemp(tmpl) == nullptr) return nullptr;
   s->dir = tmpl;
   const std::string port_file = s->dir + "/port";
-  s->pid = Spawn({binary, "--node_id=bench", "--listen_address=127.0.0.1:0", "--metrics_address=none",
-                  "--ucx_listen_address=127.0.0.1:0", "--ucx_transports=" + tls,
-                  absl::StrCat("--host_cache_bytes=", host_bytes), "--port_file=" + port_file},
-                 {}, s->dir + "/server.log");
+  std::vector<std::string> args = {binary,
+                                   "--node_id=bench",
+                                   "--listen_address=127.0.0.1:0",
+                                   "--metrics_address=none",
+                                   "--ucx_listen_address=127.0.0.1:0",
+                                   "--ucx_transports=" + tls,
+                                   absl::StrCat("--host_cache_bytes=", host_bytes),
+                                   "--port_file=" + port_file};
+  if (!token.empty()) {
+    std::ofstream(s->dir + "/auth.yaml") << "auth:\n  tokens:\n    - {token: " << token
+                                         << ", tenant: bench, role: worker}\n";
+    args.push_back("--config=" + s->dir + "/auth.yaml");
+  }
+  s->pid = Spawn(args, {}, s->dir + "/server.log");
   for (int i = 0; i < 1000; ++i) {
     std::ifstream in(port_file);
     int metrics = 0;
@@ -498,13 +516,24 @@ bool MeasureOnce(const BenchPlan& plan, std::vector<Row>& rows, bool& ok) {
     }
     auto srv = StartServer(server, UcxTls(path), host_bytes);
     if (srv == nullptr) return false;
-    const std::string address = absl::StrCat("127.0.0.1:", srv->grpc_port);
+    std::unique_ptr<ServerChild> auth_srv;
+    if (absl::GetFlag(FLAGS_auth)) {
+      auth_srv = StartServer(server, UcxTls(path), host_bytes, kBenchToken);
+      if (auth_srv == nullptr) return false;
+    }
     uint64_t seed = std::hash<std::string>{}(path) ^ static_cast<uint64_t>(getpid());
+    // Row transport "ucx-auth": client transport ucx with the token, against the server with tokens.
     std::vector<std::pair<std::string, std::string>> transports = {{"ucx", UcxTls(path)}};
+    if (auth_srv != nullptr) transports.push_back({"ucx-auth", UcxTls(path)});
     if (absl::GetFlag(FLAGS_grpc) && path == paths.front()) transports.push_back({"grpc", ""});  // same on both
-    for (const auto& [transport, tls] : transports) {
-      auto client = Client::Connect(
-          {.members = {address}, .rpc_timeout = absl::Seconds(30), .transport = transport, .ucx_transports = tls});
+    for (const auto& [row_transport, tls] : transports) {
+      const bool with_auth = row_transport == "ucx-auth";
+      const std::string transport = with_auth ? "ucx" : row_transport;
+      const std::string address = absl::StrCat("127.0.0.1:", with_auth ? auth_srv->grpc_port : srv->grpc_port);
+      kvtier::client::ClientOptions options{
+          .members = {address}, .rpc_timeout = absl::Seconds(30), .transport = transport, .ucx_transports = tls};
+      if (with_auth) options.auth_token = kBenchToken;
+      auto client = Client::Connect(options);
       if (!client.ok()) {
         std::fprintf(stderr, "transfer_bench: %s\n", std::string(client.status().message()).c_str());
         return false;
@@ -517,7 +546,7 @@ bool MeasureOnce(const BenchPlan& plan, std::vector<Row>& rows, bool& ok) {
       for (uint64_t b : blocks) {
         for (uint64_t n : batches) {
           // gRPC bytes always ride loopback TCP, whatever the UCX path: measured once, as tcp.
-          MeasureClient(**client, transport == "grpc" ? "tcp" : path, transport, b, static_cast<uint32_t>(n), rows,
+          MeasureClient(**client, transport == "grpc" ? "tcp" : path, row_transport, b, static_cast<uint32_t>(n), rows,
                         seed);
         }
       }

@@ -295,14 +295,9 @@ grpc::Status CacheServiceImpl::Lease(grpc::ServerContext* ctx, const v1::ReadReq
   return Finish("Lease", start, grpc::Status::OK);
 }
 
-absl::Status CacheServiceImpl::LeaseWithoutToken(const v1::ReadRequest& req, v1::ReadResponse* resp) {
+absl::Status CacheServiceImpl::LeaseAs(const Principal& who, const v1::ReadRequest& req, v1::ReadResponse* resp) {
   const absl::Time start = absl::Now();
-  if (auth_.enabled()) {
-    const absl::Status refused = absl::FailedPreconditionError("this server requires a token: lease over gRPC");
-    Finish("Lease", start, wire::ToGrpc(refused));
-    return refused;
-  }
-  auto p = ParseFor(Principal{}, req.namespace_(), req.keys());  // auth off: every caller is an admin
+  auto p = ParseFor(who, req.namespace_(), req.keys());
   if (!p.ok()) {
     Finish("Lease", start, wire::ToGrpc(p.status()));
     return p.status();
@@ -310,6 +305,23 @@ absl::Status CacheServiceImpl::LeaseWithoutToken(const v1::ReadRequest& req, v1:
   LeaseParsed(*p, req.lease_ms(), resp);
   Finish("Lease", start, grpc::Status::OK);
   return absl::OkStatus();
+}
+
+grpc::Status CacheServiceImpl::OpenUcxSession(grpc::ServerContext* ctx, const v1::OpenUcxSessionRequest*,
+                                              v1::OpenUcxSessionResponse* resp) {
+  const absl::Time start = absl::Now();
+  Principal who;
+  if (grpc::Status s = auth_.Authenticate(*ctx, &who); !s.ok()) return Finish("OpenUcxSession", start, s);
+  if (ucx_sessions_ == nullptr) {
+    return Finish("OpenUcxSession", start,
+                  grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "this server has no UCX listener"));
+  }
+  auto ticket = ucx_sessions_->Open(who);
+  if (!ticket.ok()) return Finish("OpenUcxSession", start, wire::ToGrpc(ticket.status()));
+  resp->set_ticket(*std::move(ticket));
+  resp->set_ttl_ms(static_cast<uint32_t>(absl::ToInt64Milliseconds(ucx_sessions_->ttl())));
+  resp->set_required(ucx_sessions_->required());
+  return Finish("OpenUcxSession", start, grpc::Status::OK);
 }
 
 grpc::Status CacheServiceImpl::Release(grpc::ServerContext* ctx, const v1::ReleaseRequest* req,

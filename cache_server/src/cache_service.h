@@ -12,6 +12,7 @@
 #include "kvtier/v1/cache.grpc.pb.h"
 #include "namespace_registry.h"
 #include "server_metrics.h"
+#include "transport/ucx_sessions.h"
 
 namespace kvtier::server {
 
@@ -35,12 +36,19 @@ class CacheServiceImpl final : public v1::CacheService::Service {
   grpc::Status Release(grpc::ServerContext* ctx, const v1::ReleaseRequest* req, v1::ReleaseResponse* resp) override;
   grpc::Status Lease(grpc::ServerContext* ctx, const v1::ReadRequest* req, v1::ReadResponse* resp) override;
 
+  grpc::Status OpenUcxSession(grpc::ServerContext* ctx, const v1::OpenUcxSessionRequest* req,
+                              v1::OpenUcxSessionResponse* resp) override;
+
+  // The UCX listener's tickets (null: no listener; OpenUcxSession answers FAILED_PRECONDITION). Set
+  // before the gRPC server starts; `sessions` must outlive the service.
+  void set_ucx_sessions(UcxSessions* sessions) { ucx_sessions_ = sessions; }
+
   // Lease for the UCX data plane (kvtier/wire/ucx_messages.h kLease): what the Lease RPC does, for a
-  // caller that presented no token. Only for a server without tokens (auth off), where every gRPC call
-  // is allowed as an admin too; the UCX listener then takes leases itself and a get needs no gRPC round
-  // trip. Counted as the "Lease" method in kvtier_rpc_duration_seconds. Thread-safe.
-  // Errors: InvalidArgument (bad namespace or keys), FailedPrecondition (auth is on).
-  absl::Status LeaseWithoutToken(const v1::ReadRequest& req, v1::ReadResponse* resp);
+  // caller authenticated as `who` by its UCX session (an admin when the server requires no ticket); a
+  // get then needs no gRPC round trip. Counted as the "Lease" method in kvtier_rpc_duration_seconds.
+  // Thread-safe. Errors: InvalidArgument (bad namespace or keys), PermissionDenied (a namespace of
+  // another tenant than a worker's).
+  absl::Status LeaseAs(const Principal& who, const v1::ReadRequest& req, v1::ReadResponse* resp);
 
  private:
   struct Parsed;
@@ -66,6 +74,7 @@ class CacheServiceImpl final : public v1::CacheService::Service {
   ServerMetrics& metrics_;
   NamespaceRegistry& namespaces_;
   const Authenticator& auth_;
+  UcxSessions* ucx_sessions_ = nullptr;
 };
 
 // GetInfo answers any authenticated caller (clients ask it for node ids); every other RPC needs an

@@ -26,6 +26,7 @@
 #include "server_metrics.h"
 #include "transport/hbm_block_source.h"
 #include "transport/ucx_server.h"
+#include "transport/ucx_sessions.h"
 
 namespace kvtier::server {
 namespace {
@@ -102,6 +103,7 @@ struct Server::Impl {
   std::unique_ptr<ServerMetrics> metrics;
   NamespaceRegistry namespaces;
   std::unique_ptr<Authenticator> auth;
+  std::unique_ptr<UcxSessions> ucx_sessions;  // with the UCX listener; outlives it and the gRPC server
   std::unique_ptr<CacheServiceImpl> cache_service;
   std::unique_ptr<AdminServiceImpl> admin_service;
   // The NCCL transport (docs/gpu.md), served when the store has an HBM tier and the build has NCCL.
@@ -247,18 +249,23 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
                                  .node_id = options.node_id,
                                  .transports = options.ucx_transports,
                                  .transfer_timeout = options.ucx_transfer_timeout};
-    if (!impl->auth->enabled()) {
-      // No tokens: a lease over UCX is what the Lease RPC would allow anyway, one gRPC round trip less.
-      ucx_options.lease = [cache = impl->cache_service.get()](std::string_view in) -> absl::StatusOr<std::string> {
-        v1::ReadRequest req;
-        if (!req.ParseFromArray(in.data(), static_cast<int>(in.size()))) {
-          return absl::InvalidArgumentError("kLease: not a ReadRequest");
-        }
-        v1::ReadResponse resp;
-        if (absl::Status s = cache->LeaseWithoutToken(req, &resp); !s.ok()) return s;
-        return resp.SerializeAsString();
-      };
-    }
+    // Tokens or TLS on: a UCX endpoint must prove a credential of the gRPC plane (a session ticket).
+    impl->ucx_sessions =
+        std::make_unique<UcxSessions>(options.ucx_session_ttl, impl->auth->enabled() || options.tls_enabled());
+    impl->cache_service->set_ucx_sessions(impl->ucx_sessions.get());
+    ucx_options.sessions = impl->ucx_sessions.get();
+    // A lease over UCX, as the endpoint's principal: what the Lease RPC would allow it, one gRPC round
+    // trip less.
+    ucx_options.lease = [cache = impl->cache_service.get()](const Principal& who,
+                                                            std::string_view in) -> absl::StatusOr<std::string> {
+      v1::ReadRequest req;
+      if (!req.ParseFromArray(in.data(), static_cast<int>(in.size()))) {
+        return absl::InvalidArgumentError("kLease: not a ReadRequest");
+      }
+      v1::ReadResponse resp;
+      if (absl::Status s = cache->LeaseAs(who, req, &resp); !s.ok()) return s;
+      return resp.SerializeAsString();
+    };
     auto ucx = UcxServer::Start(ucx_options, *impl->store, *impl->metrics);
     if (!ucx.ok()) return ucx.status();
     impl->ucx = std::move(ucx).value();
@@ -304,7 +311,15 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
     if (!api.ok()) return api.status();
     impl->nccl_api = std::move(api).value();
     impl->hbm_source = std::make_unique<HbmBlockSource>(*impl->store, static_cast<int32_t>(options.hbm_device));
-    auto service = nccl::NcclService::Create(*impl->nccl_api, *impl->hbm_source, {});
+    nccl::NcclServiceOptions nccl_options;
+    // The caller's token, checked as on the cache service; each Fetch's namespace must be its tenant's.
+    nccl_options.authenticate =
+        [auth = impl->auth.get()](const grpc::ServerContext& ctx) -> absl::StatusOr<std::optional<std::string>> {
+      Principal who;
+      if (grpc::Status s = auth->Authenticate(ctx, &who); !s.ok()) return wire::FromGrpc(s);
+      return who.admin() ? std::nullopt : std::optional<std::string>(who.tenant);
+    };
+    auto service = nccl::NcclService::Create(*impl->nccl_api, *impl->hbm_source, nccl_options);
     if (!service.ok()) return service.status();
     impl->nccl_service = std::move(service).value();
     builder.RegisterService(impl->nccl_service->grpc_service());

@@ -270,7 +270,8 @@ const std::map<std::string, std::map<std::string, Setter>>& Schema() {
       {"ucx",
        {{"listen_address", String(&ServerOptions::ucx_listen_address)},
         {"transports", String(&ServerOptions::ucx_transports)},
-        {"transfer_timeout", Duration(&ServerOptions::ucx_transfer_timeout)}}},
+        {"transfer_timeout", Duration(&ServerOptions::ucx_transfer_timeout)},
+        {"session_ttl", Duration(&ServerOptions::ucx_session_ttl)}}},
       {"events",
        {{"enabled", Bool(&ServerOptions::events_enabled)},
         {"pub_endpoint", String(&ServerOptions::events_pub_endpoint)},
@@ -337,6 +338,9 @@ absl::Status ServerOptions::Validate() const {
     return Bad("ucx.listen_address", "must be host:port or empty");
   }
   if (ucx_transfer_timeout <= absl::ZeroDuration()) return Bad("ucx.transfer_timeout", "must be > 0");
+  if (ucx_session_ttl < absl::Seconds(1) || ucx_session_ttl > absl::Hours(24)) {
+    return Bad("ucx.session_ttl", "must be in [1s, 24h]");
+  }
   if (!ucx_listen_address.empty() && !ucx_transports.empty()) {
     const std::vector<std::string> tls = absl::StrSplit(ucx_transports, ',');
     if (std::find(tls.begin(), tls.end(), "tcp") == tls.end()) {

@@ -164,9 +164,9 @@ TEST_P(UcxInProcessTest, PutThenGetRoundTripsOverUcx) {
   EXPECT_EQ(c->stats().ucx_leases.load(), 1u);    // the server requires no token: the lease came over UCX
 }
 
-// A server that requires tokens takes no lease over UCX (no credential travels there): the client
-// leases over gRPC, with its token, and the bytes still move over UCX.
-TEST_P(UcxInProcessTest, AServerWithTokensLeasesOverGrpcOnly) {
+// A server that requires tokens serves the UCX endpoint of a client with a token once its hello
+// presented the session ticket the client opened over gRPC: leases, puts and gets all go over UCX.
+TEST_P(UcxInProcessTest, AServerWithTokensServesAnEndpointWithASessionTicket) {
   server::ServerOptions o{.node_id = "node-t",
                           .metrics_address = "",
                           .host_cache_bytes = 64ULL << 20,
@@ -181,8 +181,10 @@ TEST_P(UcxInProcessTest, AServerWithTokensLeasesOverGrpcOnly) {
   ASSERT_OK(c);
   const Namespace ns = NamespaceOfBlockBytes(128 << 10);
   PutThenGetEveryByte(**c, ns, Fingerprints(ns, 4));
-  EXPECT_EQ((*c)->stats().ucx_leases.load(), 0u);
+  EXPECT_EQ((*c)->stats().ucx_leases.load(), 1u);  // the session may lease: no gRPC round trip
+  EXPECT_EQ((*c)->stats().ucx_put_blocks.load(), 4u);
   EXPECT_EQ((*c)->stats().ucx_get_blocks.load(), 4u);
+  EXPECT_EQ((*c)->stats().ucx_connects.load(), 1u);
   EXPECT_EQ((*c)->stats().misses_from_errors.load(), 0u);
 }
 

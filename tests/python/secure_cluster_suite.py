@@ -163,7 +163,7 @@ class SecureClusterTest(unittest.TestCase):
             self.assert_cache_matches_model(reader, r)
         stats = reader.workers[0].stats()
         self.assertGreater(stats["ucx_get_blocks"], 0)  # bytes over UCX ...
-        self.assertEqual(stats["ucx_leases"], 0)  # ... leased over gRPC: servers with tokens offer no UCX leases
+        self.assertGreater(stats["ucx_leases"], 0)  # ... leased over UCX too: the endpoints hold session tickets
         self.assertEqual(stats["checksum_failures"], 0)
         self.assertGreater(stats["replica_read_blocks"], 0)  # the killed server's blocks came from replicas
         connector = reader.workers[0].connector_stats()
@@ -244,7 +244,7 @@ class SecureClusterTest(unittest.TestCase):
         reader.backup(idx, list(range(500000, 500000 + 8 * self.PAGE)))
         stats = reader.storage_backend.stats()
         self.assertGreater(stats["ucx_get_blocks"], 0)
-        self.assertEqual(stats["ucx_leases"], 0)
+        self.assertGreater(stats["ucx_leases"], 0)  # servers with tokens lease to ticketed UCX endpoints
         self.assertEqual(stats["checksum_failures"], 0)
         self.assertGreater(stats["replica_read_blocks"], 0)
         print(f"\nSGLang after the kill: {sum(after) // self.PAGE} of {3 * 24} pages loaded; reader: "

@@ -4,6 +4,7 @@
 #include <netdb.h>
 #include <poll.h>
 #include <sys/eventfd.h>
+#include <sys/random.h>
 #include <unistd.h>
 
 #include <ucp/api/ucp.h>
@@ -25,6 +26,7 @@
 #include "kvtier/wire/ucx_log.h"
 #include "kvtier/wire/ucx_messages.h"
 #include "server_metrics.h"
+#include "transport/ucx_sessions.h"
 
 namespace kvtier::server {
 namespace {
@@ -42,6 +44,11 @@ constexpr absl::Duration kSweepInterval = absl::Milliseconds(100);
 constexpr absl::Duration kAbandonGrace = absl::Milliseconds(250);
 constexpr absl::Duration kShutdownDrain = absl::Seconds(2);
 constexpr int kIdleSpins = 256;  // progress calls with nothing done before the thread sleeps in poll()
+// How long a refused endpoint stays open for its kHelloReply (with kRefused) to get out.
+constexpr absl::Duration kRefusedLinger = absl::Milliseconds(500);
+// With tickets required: an endpoint that has not proven one this long after it connected is closed,
+// so that peers that connect and stay silent cannot hold endpoints open.
+constexpr absl::Duration kHelloTimeout = absl::Seconds(10);
 
 absl::StatusOr<sockaddr_storage> ResolveIpv4(const std::string& host_port) {
   const size_t colon = host_port.rfind(':');
@@ -72,6 +79,9 @@ struct UcxServer::Impl {
   // One kGet or kPut request of a client.
   struct Batch {
     bool is_put = false;
+    // The endpoint's tenant (kAnyTenant: an admin, or a server without tickets): the store answers an id
+    // of another tenant exactly as an unknown one, so nothing of it is pinned, sent or received.
+    IdHolder holder = kAnyTenant;
     uint64_t request_id = 0;
     CapabilityId id;  // lease id (get) or reservation id (put)
     uint32_t flags = 0;
@@ -132,6 +142,15 @@ struct UcxServer::Impl {
   std::vector<EpId> to_close;                          // endpoints reported failed by UCX
   std::vector<std::pair<Op*, ucs_status_t>> deferred;  // completed when posted; see Track
   absl::Time next_sweep;
+  // What an endpoint proved in its hello. With tickets required, only endpoints in `sessions_of` are
+  // served; without, every endpoint is served as an admin with put_tag_key 0.
+  struct EpSession {
+    Principal who;
+    uint64_t put_tag_key = 0;
+  };
+  absl::flat_hash_map<EpId, EpSession> sessions_of;
+  std::vector<std::pair<EpId, absl::Time>> refused;   // closed at that time (kRefusedLinger)
+  std::vector<std::pair<EpId, absl::Time>> unproven;  // closed at that time unless in sessions_of
 
   ~Impl() {
     if (wake_fd >= 0) close(wake_fd);
@@ -307,6 +326,24 @@ struct UcxServer::Impl {
       to_close.clear();
     }
     const absl::Time now = absl::Now();
+    for (size_t i = 0; i < unproven.size();) {
+      if (unproven[i].second <= now) {
+        if (!sessions_of.contains(unproven[i].first)) CloseEp(unproven[i].first);
+        unproven[i] = unproven.back();
+        unproven.pop_back();
+      } else {
+        ++i;
+      }
+    }
+    for (size_t i = 0; i < refused.size();) {
+      if (refused[i].second <= now) {
+        CloseEp(refused[i].first);
+        refused[i] = refused.back();
+        refused.pop_back();
+      } else {
+        ++i;
+      }
+    }
     if (now < next_sweep) return;
     next_sweep = now + kSweepInterval;
     // Transfers past their deadline (transfer_timeout, or the expiry of the lease or reservation they
@@ -368,6 +405,7 @@ struct UcxServer::Impl {
     ucp_ep_h ep = it->second;
     eps.erase(it);
     ep_ids.erase(ep);
+    sessions_of.erase(id);
     const absl::Time now = absl::Now();
     std::vector<Op*> receives;
     for (Op* op : inflight) {
@@ -417,6 +455,7 @@ struct UcxServer::Impl {
       const EpId id = self->next_ep++;
       self->eps[id] = handle;
       self->ep_ids[handle] = id;
+      if (self->TicketsRequired()) self->unproven.push_back({id, absl::Now() + kHelloTimeout});
     } else {
       ucp_listener_reject(self->listener, conn_request);
     }
@@ -440,17 +479,81 @@ struct UcxServer::Impl {
     return it == self->ep_ids.end() ? 0 : it->second;
   }
 
+  bool TicketsRequired() const { return options.sessions != nullptr && options.sessions->required(); }
+
+  // The session of endpoint `ep`, or null when it has not proven a ticket (tickets required): then the
+  // AM is dropped and the endpoint closed (outside UCX's callback).
+  const EpSession* Admit(EpId ep, const char* what) {
+    static const EpSession kOpen{};  // no tickets required: an admin, as gRPC without tokens
+    if (!TicketsRequired()) return &kOpen;
+    if (auto it = sessions_of.find(ep); it != sessions_of.end()) return &it->second;
+    metrics->CountAuthRejection();
+    KVTIER_LOG_EVERY(std::chrono::seconds(10), warn,
+                     "kvtier-server: UCX {} on an endpoint without a valid session ticket; dropped, endpoint closed",
+                     what);
+    to_close.push_back(ep);
+    return nullptr;
+  }
+
+  // Whose ids endpoint session `s` may use (BlockStore's IdHolder).
+  static IdHolder HolderOf(const EpSession& s) { return s.who.admin() ? kAnyTenant : IdHolder(s.who.tenant_id); }
+
   static ucs_status_t OnHello(void* arg, const void*, size_t, void* data, size_t length,
                               const ucp_am_recv_param_t* param) {
     auto* self = static_cast<Impl*>(arg);
     const EpId ep = Sender(self, data, param);
     if (ep == 0) return UCS_OK;
     auto hello = msg::DecodeHello({static_cast<const std::byte*>(data), length});
-    if (!hello.has_value()) return UCS_OK;
+    if (!hello.has_value()) {
+      if (self->TicketsRequired() && !self->sessions_of.contains(ep)) self->to_close.push_back(ep);
+      return UCS_OK;
+    }
     msg::HelloReply reply{.version = msg::kProtocolVersion,
                           .nonce = hello->nonce,
                           .node_id = self->options.node_id,
                           .flags = self->options.lease ? msg::kTakesLeases : 0u};
+    if (self->TicketsRequired()) {
+      std::optional<Principal> who;
+      if (hello->version != msg::kProtocolVersion) {
+        reply.error = absl::StrCat("UCX protocol version ", hello->version, " is not this server's (",
+                                   msg::kProtocolVersion, ")");
+      } else if (hello->ticket.empty()) {
+        reply.error = "this server requires a UCX session ticket (OpenUcxSession over gRPC) in the hello";
+      } else if (who = self->options.sessions->Find(hello->ticket); !who.has_value()) {
+        reply.error = "unknown or expired UCX session ticket: open a new session (OpenUcxSession)";
+      }
+      if (!who.has_value()) {
+        self->metrics->CountAuthRejection();
+        KVTIER_LOG_EVERY(std::chrono::seconds(10), warn, "kvtier-server: refused a UCX endpoint: {}", reply.error);
+        self->sessions_of.erase(ep);
+        reply.flags = msg::kRefused;
+        self->SendAm(ep, msg::kHelloReply, msg::Encode(reply));
+        self->refused.push_back({ep, absl::Now() + kRefusedLinger});
+        return UCS_OK;
+      }
+      EpSession session{.who = *who};
+      // A key of 0 would leave the plain tags. getrandom of 8 bytes does not fail short; should it fail
+      // (EINTR), it is tried again, never replaced by a guessable key.
+      for (int tries = 0; session.put_tag_key == 0 && tries < 16; ++tries) {
+        if (getrandom(&session.put_tag_key, sizeof(session.put_tag_key), 0) != sizeof(session.put_tag_key)) {
+          session.put_tag_key = 0;
+        }
+      }
+      if (session.put_tag_key == 0) {
+        reply.flags = msg::kRefused;
+        reply.error = "the server could not draw a put tag key; connect again";
+        self->SendAm(ep, msg::kHelloReply, msg::Encode(reply));
+        self->refused.push_back({ep, absl::Now() + kRefusedLinger});
+        return UCS_OK;
+      }
+      reply.put_tag_key = session.put_tag_key;
+      // A second hello on an authenticated endpoint keeps its key: puts in flight use it.
+      auto [it, inserted] = self->sessions_of.try_emplace(ep, session);
+      if (!inserted) {
+        it->second.who = *who;
+        reply.put_tag_key = it->second.put_tag_key;
+      }
+    }
     self->SendAm(ep, msg::kHelloReply, msg::Encode(reply));
     return UCS_OK;
   }
@@ -460,22 +563,28 @@ struct UcxServer::Impl {
     auto* self = static_cast<Impl*>(arg);
     const EpId ep = Sender(self, data, param);
     if (ep == 0) return UCS_OK;
+    const EpSession* session = self->Admit(ep, "kGet");
+    if (session == nullptr) return UCS_OK;
     auto req = msg::DecodeGetRequest({static_cast<const std::byte*>(data), length});
-    if (req.has_value() && !req->indices.empty()) self->StartGet(ep, *req);
+    if (req.has_value() && !req->indices.empty()) {
+      self->StartGet(ep, *req, HolderOf(*session));
+    }
     return UCS_OK;
   }
 
-  // A lease without gRPC (offered only when the server requires no token).
+  // A lease without gRPC, as the endpoint's principal.
   static ucs_status_t OnLease(void* arg, const void*, size_t, void* data, size_t length,
                               const ucp_am_recv_param_t* param) {
     auto* self = static_cast<Impl*>(arg);
     const EpId ep = Sender(self, data, param);
     if (ep == 0) return UCS_OK;
+    const EpSession* session = self->Admit(ep, "kLease");
+    if (session == nullptr) return UCS_OK;
     auto req = msg::DecodeLeaseMessage({static_cast<const std::byte*>(data), length}, /*reply=*/false);
     if (!req.has_value()) return UCS_OK;
     msg::LeaseMessage reply{.request_id = req->request_id};
     absl::StatusOr<std::string> answer = self->options.lease
-                                             ? self->options.lease(req->payload)
+                                             ? self->options.lease(session->who, req->payload)
                                              : absl::FailedPreconditionError("this server takes no leases over UCX");
     reply.ok = answer.ok();
     reply.code = answer.ok() ? 0 : static_cast<uint32_t>(answer.status().code());  // the client reports it as is
@@ -490,9 +599,11 @@ struct UcxServer::Impl {
     auto* self = static_cast<Impl*>(arg);
     const EpId ep = Sender(self, data, param);
     if (ep == 0) return UCS_OK;
+    const EpSession* session = self->Admit(ep, "kRelease");
+    if (session == nullptr) return UCS_OK;
     auto req = msg::DecodeRelease({static_cast<const std::byte*>(data), length});
-    // UCX peers carry no tenant: the id itself is the capability (kAnyTenant).
-    if (req.has_value()) self->store->Release(std::span<const CapabilityId>(&req->lease_id, 1), kAnyTenant);
+    // Another tenant's lease is not released: the store treats its id as unknown.
+    if (req.has_value()) self->store->Release(std::span<const CapabilityId>(&req->lease_id, 1), HolderOf(*session));
     return UCS_OK;
   }
 
@@ -501,8 +612,12 @@ struct UcxServer::Impl {
     auto* self = static_cast<Impl*>(arg);
     const EpId ep = Sender(self, data, param);
     if (ep == 0) return UCS_OK;
+    const EpSession* session = self->Admit(ep, "kPut");
+    if (session == nullptr) return UCS_OK;
     auto req = msg::DecodePutRequest({static_cast<const std::byte*>(data), length});
-    if (req.has_value()) self->StartPut(ep, *req);
+    if (req.has_value()) {
+      self->StartPut(ep, *req, session->put_tag_key, HolderOf(*session));
+    }
     return UCS_OK;
   }
 
@@ -541,8 +656,11 @@ struct UcxServer::Impl {
     if (!UCS_PTR_IS_PTR(r)) delete buf;  // done at once, or failed
   }
 
-  void StartGet(EpId ep, const msg::GetRequest& req) {
+  // `holder`: the endpoint's tenant; a lease that is unknown to it (or another tenant's) sends every
+  // block as an empty message, none is pinned.
+  void StartGet(EpId ep, const msg::GetRequest& req, IdHolder holder) {
     auto* batch = new Batch{.is_put = false,
+                            .holder = holder,
                             .request_id = req.request_id,
                             .id = req.lease_id,
                             .flags = req.flags,
@@ -571,7 +689,7 @@ struct UcxServer::Impl {
                       .start = now,
                       .deadline = now + options.transfer_timeout};
     const std::byte* data = &kEmpty;
-    auto pinned = store->PinForSend(batch->id, op->index, kAnyTenant);  // unknown id: an empty message
+    auto pinned = store->PinForSend(batch->id, op->index, batch->holder);  // unknown id: an empty message
     if (pinned.ok()) {
       op->pinned = true;
       op->size = pinned->size_bytes;
@@ -593,8 +711,12 @@ struct UcxServer::Impl {
     Track(op, r);
   }
 
-  void StartPut(EpId ep, const msg::PutRequest& req) {
+  // `put_tag_key`: the endpoint's (SessionPutTag). `holder`: the endpoint's tenant; a reservation
+  // unknown to it (or another tenant's) pins nothing, zero-byte receives on the endpoint's own tags
+  // drain its sends, and every entry fails.
+  void StartPut(EpId ep, const msg::PutRequest& req, uint64_t put_tag_key, IdHolder holder) {
     auto* batch = new Batch{.is_put = true,
+                            .holder = holder,
                             .request_id = req.request_id,
                             .id = req.reservation_id,
                             .ep = ep,
@@ -619,8 +741,9 @@ struct UcxServer::Impl {
         continue;
       }
       std::byte* data = nullptr;
-      // The kPut's full id is checked here (a tag is no capability): only a live id pins its slots.
-      auto pinned = store->PinForReceive(req.reservation_id, op->index, kAnyTenant);
+      // The kPut's full id is checked here (a tag is no capability): only a live id of the endpoint's
+      // tenant pins its slots.
+      auto pinned = store->PinForReceive(req.reservation_id, op->index, batch->holder);
       if (pinned.ok()) {
         op->pinned = true;
         op->size = pinned->size_bytes;
@@ -645,8 +768,8 @@ struct UcxServer::Impl {
         p.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMH;
         p.memh = memh;
       }
-      ucs_status_ptr_t r =
-          ucp_tag_recv_nbx(worker, data, op->size, msg::PutTag(req.reservation_id, op->index), kFullMask, &p);
+      ucs_status_ptr_t r = ucp_tag_recv_nbx(
+          worker, data, op->size, msg::SessionPutTag(req.reservation_id, op->index, put_tag_key), kFullMask, &p);
       Track(op, r);
     }
   }
@@ -734,8 +857,8 @@ struct UcxServer::Impl {
   void FinishBatch(Batch* batch) {
     if (batch->is_put) {
       SendAm(batch->ep, msg::kPutDone, msg::Encode(msg::PutDone{.request_id = batch->request_id, .ok = batch->ok}));
-    } else if ((batch->flags & msg::kGetRelease) != 0) {
-      store->Release(std::span<const CapabilityId>(&batch->id, 1), kAnyTenant);
+    } else if ((batch->flags & msg::kGetRelease) != 0) {  // never another tenant's lease (holder)
+      store->Release(std::span<const CapabilityId>(&batch->id, 1), batch->holder);
     }
     delete batch;
   }

@@ -9,11 +9,13 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "auth.h"
 
 namespace kvtier::server {
 
 class BlockStore;
 class ServerMetrics;
+class UcxSessions;
 
 struct UcxServerOptions {
   std::string listen_address;  // host:port; port 0 = the kernel picks
@@ -22,9 +24,14 @@ struct UcxServerOptions {
   // A send or receive unfinished after this is cancelled and its pin dropped; sooner when the lease
   // or reservation it pins expires first.
   absl::Duration transfer_timeout = absl::Seconds(10);
-  // Takes a lease for a client's kLease (a serialized v1::ReadRequest in, a serialized v1::ReadResponse
-  // out, or an error), on the progress thread. Empty: the server offers no UCX leases (auth on).
-  std::function<absl::StatusOr<std::string>(std::string_view request)> lease;
+  // Takes a lease for a client's kLease as `who` (the endpoint's principal: an admin when tickets are
+  // not required), a serialized v1::ReadRequest in, a serialized v1::ReadResponse out, or an error
+  // (PERMISSION_DENIED for a namespace of another tenant), on the progress thread. Empty: the server
+  // offers no UCX leases.
+  std::function<absl::StatusOr<std::string>(const Principal& who, std::string_view request)> lease;
+  // The tickets of OpenUcxSession; borrowed, must outlive the UcxServer. Null or !required(): every
+  // endpoint is served as an admin, as every gRPC call is without tokens.
+  const UcxSessions* sessions = nullptr;
 };
 
 // A UCX (ucp) listener and one worker with its own progress thread. The host region of `store` is
@@ -49,9 +56,14 @@ struct UcxServerOptions {
 // tcp connection) is closed at once, its unmatched receives cancelled. A slot is never unpinned while
 // UCX may still write it.
 //
-// Trust: the UCX plane trusts the control plane. Tags carry lease and reservation ids that only gRPC
-// hands out; any peer that can reach the listener and guess an id could read or fill that block, as
-// it could over gRPC (docs/architecture.md, security).
+// Trust (docs/architecture.md "Security"): with tickets required (tokens or TLS on), an endpoint is
+// served only after its kHello presented a live ticket of OpenUcxSession, and then as that ticket's
+// principal: a kGet or kRelease of another tenant's lease, a kPut into another tenant's reservation or
+// a kLease of another tenant's namespace is refused (the check is once per request, not per byte).
+// Any other AM before a valid hello drops the message and closes the endpoint; a refused hello is
+// answered kRefused and its endpoint closed shortly after. Put tags are keyed per endpoint
+// (SessionPutTag), so a peer cannot slip bytes into another endpoint's put by guessing its tag. The
+// plane has no encryption: a peer that can read the wire can read payloads and tickets.
 // Thread-safety: Start/Shutdown/port from any thread; everything else runs on the progress thread.
 class UcxServer {
  public:

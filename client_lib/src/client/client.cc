@@ -1,4 +1,5 @@
 #include "kvtier/client/client.h"
+#include "kvtier/common/log.h"
 
 #include <algorithm>
 #include <condition_variable>
@@ -170,6 +171,11 @@ struct UcxPeer {
   UcxClient* client = nullptr;                    // guarded by mu; the client of `endpoint` while kReady
   bool takes_leases = false;                      // guarded by mu; `endpoint` answers UcxClient::Lease
   absl::Time retry_after = absl::InfinitePast();  // guarded by mu; no (re)connect before it
+  // The UCX session (OpenUcxSession) of `endpoint`, when this client has a token or TLS: renewed at half
+  // its lifetime, for the get lanes' endpoints opened later.
+  std::string ticket;                            // guarded by mu; "" = none
+  absl::Time renew_at = absl::InfiniteFuture();  // guarded by mu
+  bool renewing = false;                         // guarded by mu: one caller renews
 };
 
 // A member without UCX is asked again this often (it may restart with UCX).
@@ -380,7 +386,13 @@ class Client::Impl {
         if (peer.state == UcxPeer::State::kConnecting) return std::nullopt;
       }
     }
-    if (peer.state == UcxPeer::State::kReady) return peer.endpoint;
+    if (peer.state == UcxPeer::State::kReady) {
+      if (!peer.ticket.empty() && !peer.renewing && absl::Now() >= peer.renew_at) {
+        RenewUcxSession(member, lock);
+        if (peer.state != UcxPeer::State::kReady) return std::nullopt;  // failed meanwhile
+      }
+      return peer.endpoint;
+    }
     if (absl::Now() < peer.retry_after) return std::nullopt;
     peer.state = UcxPeer::State::kConnecting;
     lock.unlock();
@@ -395,10 +407,24 @@ class Client::Impl {
       ucx_client = info.ucx_port() != 0 ? Ucx() : nullptr;
       outcome = ucx_client == nullptr ? UcxPeer::State::kUnsupported : UcxPeer::State::kDown;
     }
+    std::optional<v1::OpenUcxSessionResponse> session;
+    if (ucx_client != nullptr && UcxNeedsSession()) {
+      session = OpenUcxSession(member, until);
+      if (!session.has_value()) {
+        ucx_client = nullptr;
+        outcome = UcxPeer::State::kUnsupported;  // asked again after kUcxUnsupportedRecheck
+      }
+    }
     if (ucx_client != nullptr) {
       const std::string target = UcxTarget(member.address, info);
       const std::string node_id = member.NodeId();
-      auto conn = ucx_client->Connect(target, until);
+      auto conn = ucx_client->Connect(target, until, session.has_value() ? session->ticket() : "");
+      if (conn.status().code() == absl::StatusCode::kPermissionDenied) {
+        KVTIER_LOG_EVERY(std::chrono::seconds(10), warn,
+                         "kvtier-client: member {} refused the UCX session ({}); its bytes go over gRPC",
+                         member.address, std::string(conn.status().message()));
+        outcome = UcxPeer::State::kUnsupported;
+      }
       if (conn.ok() && (node_id.empty() || conn->node_id == node_id)) {
         connection = *conn;
         outcome = UcxPeer::State::kReady;
@@ -416,11 +442,54 @@ class Client::Impl {
       peer.endpoint = connection->endpoint;
       peer.client = ucx_client;
       peer.takes_leases = connection->takes_leases;
+      peer.ticket = session.has_value() ? session->ticket() : "";
+      peer.renew_at =
+          session.has_value() ? absl::Now() + absl::Milliseconds(session->ttl_ms()) / 2 : absl::InfiniteFuture();
       stats.ucx_connects.fetch_add(1, std::memory_order_relaxed);
     }
     peer.connected.notify_all();
     if (outcome != UcxPeer::State::kReady) return std::nullopt;
     return peer.endpoint;
+  }
+
+  // A member's UCX endpoints must present a session ticket when this client authenticates on gRPC (a
+  // token or TLS): the server then requires one.
+  bool UcxNeedsSession() const { return !security.auth_token.empty() || !security.ca_file.empty(); }
+
+  // A new UCX session of `member` over its gRPC channel (the token and TLS of every call), or nullopt
+  // (logged, rate limited): the member's bytes then go over gRPC.
+  std::optional<v1::OpenUcxSessionResponse> OpenUcxSession(Member& member, absl::Time deadline) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(deadline));
+    v1::OpenUcxSessionResponse resp;
+    const grpc::Status st = member.cache->OpenUcxSession(&ctx, v1::OpenUcxSessionRequest(), &resp);
+    if (!st.ok() || resp.ticket().empty()) {
+      KVTIER_LOG_EVERY(std::chrono::seconds(10), warn,
+                       "kvtier-client: no UCX session from member {} ({}); its bytes go over gRPC", member.address,
+                       st.ok() ? std::string("empty ticket") : st.error_message());
+      return std::nullopt;
+    }
+    return resp;
+  }
+
+  // Renews the ready endpoint's session of `member` (peer.mu held by `lock`; released during the RPC).
+  // A failed renewal keeps the old ticket and tries again after a backoff: the open endpoint stays
+  // authenticated; only new lane endpoints need a live ticket.
+  void RenewUcxSession(Member& member, std::unique_lock<std::mutex>& lock) {
+    UcxPeer& peer = *member.ucx;
+    peer.renewing = true;
+    lock.unlock();
+    auto session = OpenUcxSession(member, absl::Now() + options.rpc_timeout);
+    lock.lock();
+    peer.renewing = false;
+    if (!session.has_value()) {
+      peer.renew_at = absl::Now() + std::max(options.ucx_reconnect_backoff, absl::Seconds(1));
+      return;
+    }
+    peer.renew_at = absl::Now() + absl::Milliseconds(session->ttl_ms()) / 2;
+    if (peer.state != UcxPeer::State::kReady) return;
+    peer.ticket = session->ticket();
+    peer.client->SetTicket(peer.endpoint, peer.ticket);
   }
 
   // Drops member's endpoint after an error or a missed deadline; the next call after the backoff
@@ -449,7 +518,7 @@ class Client::Impl {
     (void)member.cache->Release(&ctx, req, &resp);
   }
 
-  // Get of one owner's batch over UCX: a kLease message (a server without tokens) or the unary Lease
+  // Get of one owner's batch over UCX: a kLease message (an endpoint whose hello offered leases) or the unary Lease
   // RPC takes the lease, then the server sends the present blocks straight into `buffers` and releases
   // the lease.
   // Returns false, with nothing done to `results`, when the member answered the lease only over gRPC (a
@@ -472,7 +541,7 @@ class Client::Impl {
     // A server that went away shows first on its gRPC connection (closed by its kernel), while a UCX
     // message to it is only answered by the deadline: lease over gRPC then, which fails at once.
     over_ucx = over_ucx && member.channel->GetState(/*try_to_connect=*/false) == GRPC_CHANNEL_READY;
-    if (over_ucx) {  // the server requires no token: the lease needs no gRPC round trip
+    if (over_ucx) {  // the endpoint's session may lease: no gRPC round trip
       // A lease is answered in well under a millisecond; one not answered within a quarter of the call's
       // time (at least 100 ms) is taken as a dead server and asked of gRPC, which fails at once then. A
       // server that answers there was only slow (a loaded machine): its bytes come over gRPC this time.

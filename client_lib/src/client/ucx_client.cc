@@ -131,6 +131,7 @@ struct Transfer {
   bool put_done = false;           // guarded by mu
   std::string node_id;             // guarded by mu: the hello reply
   uint32_t hello_flags = 0;        // guarded by mu: the hello reply
+  std::string hello_error;         // guarded by mu: a refused hello's reason (kRefused)
   std::string lease_reply;         // guarded by mu: a kLeaseReply's payload (failed: its error text)
   uint32_t lease_code = 0;         // guarded by mu: a refused kLeaseReply's absl::StatusCode (0: none sent)
   bool failed = false;             // guarded by mu: the endpoint is unknown, failed or a send failed
@@ -164,6 +165,7 @@ struct LaneGet {
   std::shared_ptr<LaneGroup> group;
   UcxClient::EndpointId endpoint = 0;  // the main endpoint: names the server
   std::string host_port;               // its UCX listener
+  std::string ticket;                  // the session ticket a new lane endpoint presents ("" = none)
   CapabilityId lease_id;
   absl::Time deadline;
   std::vector<uint32_t> slots;    // items j of the group
@@ -187,6 +189,18 @@ class GetLane {
     }
     if (ucs_status_t st = ucp_worker_get_efd(lane->worker_, &lane->worker_fd_); st != UCS_OK) {
       return absl::UnavailableError(absl::StrCat("ucp_worker_get_efd: ", ucs_status_string(st)));
+    }
+    // A lane's endpoint sends a hello (its ticket) but does not wait for the reply: its kGet follows on
+    // the same endpoint, in order. A refused endpoint is closed by the server; its Gets then fail.
+    ucp_am_handler_param_t hp{};
+    hp.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_FLAGS;
+    hp.id = msg::kHelloReply;
+    hp.cb = [](void*, const void*, size_t, void*, size_t, const ucp_am_recv_param_t*) -> ucs_status_t {
+      return UCS_OK;
+    };
+    hp.flags = UCP_AM_FLAG_WHOLE_MSG;
+    if (ucs_status_t st = ucp_worker_set_am_recv_handler(lane->worker_, &hp); st != UCS_OK) {
+      return absl::UnavailableError(absl::StrCat("ucp_worker_set_am_recv_handler: ", ucs_status_string(st)));
     }
     lane->thread_ = std::thread([l = lane.get()] { l->Run(); });
     return lane;
@@ -386,6 +400,10 @@ class GetLane {
     ucp_ep_h ep = nullptr;
     if (ucp_ep_create(worker_, &p, &ep) != UCS_OK) return nullptr;
     eps_[g.endpoint] = ep;
+    if (SendEagerAm(ep, msg::kHello, msg::Encode(msg::Hello{.nonce = 0, .ticket = g.ticket})) != UCS_OK) {
+      CloseEndpoint(g.endpoint);
+      return nullptr;
+    }
     return ep;
   }
 
@@ -430,6 +448,7 @@ struct UcxClient::Impl {
   struct Endpoint {
     ucp_ep_h ep = nullptr;
     bool failed = false;
+    uint64_t put_tag_key = 0;  // from the hello reply (SessionPutTag)
   };
 
   ucp_context_h context = nullptr;
@@ -454,6 +473,7 @@ struct UcxClient::Impl {
   // guarded by lanes_mu: the listener (host:port) of each endpoint with a single-copy lane, whose Gets
   // are split over the lanes
   absl::flat_hash_map<EndpointId, std::string> listener_of;
+  absl::flat_hash_map<EndpointId, std::string> ticket_of;  // guarded by lanes_mu: for lane endpoints
 
   // Progress thread only.
   absl::flat_hash_map<EndpointId, Endpoint> endpoints;
@@ -639,10 +659,12 @@ struct UcxClient::Impl {
     std::unique_lock<std::mutex> lock(t->mu);
     t->node_id = reply->version == msg::kProtocolVersion ? reply->node_id : "";
     t->hello_flags = reply->flags;
+    t->hello_error = reply->error;
     if (auto ep = self->endpoints.find(t->endpoint); ep != self->endpoints.end()) {
       t->single_copy = HasSingleCopyLane(ep->second.ep);  // wired up: the hello went out on it
+      ep->second.put_tag_key = reply->put_tag_key;
     }
-    t->failed = reply->version != msg::kProtocolVersion;
+    t->failed = reply->version != msg::kProtocolVersion || (reply->flags & msg::kRefused) != 0;
     t->Done(lock);
     return UCS_OK;
   }
@@ -799,6 +821,11 @@ absl::StatusOr<std::unique_ptr<UcxClient>> UcxClient::Create(const std::string& 
   return std::unique_ptr<UcxClient>(new UcxClient(std::move(impl)));
 }
 
+void UcxClient::SetTicket(EndpointId endpoint, const std::string& ticket) {
+  std::lock_guard<std::mutex> lock(impl_->lanes_mu);
+  if (impl_->ticket_of.contains(endpoint)) impl_->ticket_of[endpoint] = ticket;
+}
+
 uint64_t UcxClient::abandoned_requests() const {
   uint64_t n = impl_->abandoned.load(std::memory_order_relaxed);
   std::lock_guard<std::mutex> lock(impl_->lanes_mu);
@@ -806,7 +833,8 @@ uint64_t UcxClient::abandoned_requests() const {
   return n;
 }
 
-absl::StatusOr<UcxClient::Connection> UcxClient::Connect(const std::string& host_port, absl::Time deadline) {
+absl::StatusOr<UcxClient::Connection> UcxClient::Connect(const std::string& host_port, absl::Time deadline,
+                                                         const std::string& ticket) {
   auto addr = ResolveIpv4(host_port);
   if (!addr.ok()) return addr.status();
   Impl& im = *impl_;
@@ -815,7 +843,7 @@ absl::StatusOr<UcxClient::Connection> UcxClient::Connect(const std::string& host
   auto t = std::make_shared<Transfer>();
   t->remaining = 1;
   t->endpoint = id;
-  im.Enqueue([&im, t, id, nonce, addr = *addr] {
+  im.Enqueue([&im, t, id, nonce, ticket, addr = *addr] {
     ucp_ep_params_t p{};
     p.field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
                    UCP_EP_PARAM_FIELD_ERR_HANDLER;
@@ -835,7 +863,7 @@ absl::StatusOr<UcxClient::Connection> UcxClient::Connect(const std::string& host
     im.endpoints[id] = {.ep = ep};
     im.endpoint_ids[ep] = id;
     im.pending_hello[nonce] = t;
-    if (SendEagerAm(ep, msg::kHello, msg::Encode(msg::Hello{.nonce = nonce})) != UCS_OK) {
+    if (SendEagerAm(ep, msg::kHello, msg::Encode(msg::Hello{.nonce = nonce, .ticket = ticket})) != UCS_OK) {
       im.pending_hello.erase(nonce);
       std::unique_lock<std::mutex> lock(t->mu);
       t->failed = true;
@@ -844,6 +872,10 @@ absl::StatusOr<UcxClient::Connection> UcxClient::Connect(const std::string& host
   });
   const bool in_time = im.Await(t, id, deadline, [&im, nonce] { im.Forget(im.pending_hello, nonce); });
   std::lock_guard<std::mutex> lock(t->mu);
+  if (in_time && (t->hello_flags & msg::kRefused) != 0) {
+    Close(id);
+    return absl::PermissionDeniedError(absl::StrCat("UCX hello to ", host_port, " refused: ", t->hello_error));
+  }
   if (!in_time || t->failed) {
     if (in_time) Close(id);
     return in_time ? absl::UnavailableError(absl::StrCat("UCX hello to ", host_port, " failed"))
@@ -852,6 +884,7 @@ absl::StatusOr<UcxClient::Connection> UcxClient::Connect(const std::string& host
   {
     std::lock_guard<std::mutex> lanes_lock(im.lanes_mu);
     if (t->single_copy) im.listener_of[id] = host_port;
+    if (!ticket.empty()) im.ticket_of[id] = ticket;
   }
   return Connection{.endpoint = id, .node_id = t->node_id, .takes_leases = (t->hello_flags & msg::kTakesLeases) != 0};
 }
@@ -891,6 +924,7 @@ void UcxClient::Close(EndpointId endpoint) {
   {
     std::lock_guard<std::mutex> lock(im.lanes_mu);
     im.listener_of.erase(endpoint);
+    im.ticket_of.erase(endpoint);
     for (auto& lane : im.lanes) lane->Forget(endpoint);
   }
   im.Enqueue([p = impl_.get(), endpoint] { p->CloseEndpoint(endpoint); });
@@ -937,6 +971,7 @@ UcxClient::TransferResult UcxClient::Get(EndpointId endpoint, const CapabilityId
         get->group = group;
         get->endpoint = endpoint;
         get->host_port = listener->second;
+        if (auto ticket = im.ticket_of.find(endpoint); ticket != im.ticket_of.end()) get->ticket = ticket->second;
         get->lease_id = lease_id;
         get->deadline = deadline;
         for (size_t j = l; j < n; j += lanes) {
@@ -1041,6 +1076,7 @@ UcxClient::TransferResult UcxClient::Put(EndpointId endpoint, const CapabilityId
               payload = msg::Encode(req)]() mutable {
     ucp_ep_h ep = im.UsableEndpoint(endpoint, *t);
     if (ep == nullptr) return;
+    const uint64_t put_tag_key = im.endpoints[endpoint].put_tag_key;
     im.pending_put[request_id] = t;
     if (SendEagerAm(ep, msg::kPut, std::move(payload)) != UCS_OK) {
       im.pending_put.erase(request_id);
@@ -1056,8 +1092,8 @@ UcxClient::TransferResult UcxClient::Put(EndpointId endpoint, const CapabilityId
       p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
       p.cb.send = &Impl::OnSendDone;
       p.user_data = op;
-      ucs_status_ptr_t r =
-          ucp_tag_send_nbx(ep, data[j].data(), data[j].size(), msg::PutTag(reservation_id, idx[j]), &p);
+      ucs_status_ptr_t r = ucp_tag_send_nbx(ep, data[j].data(), data[j].size(),
+                                            msg::SessionPutTag(reservation_id, idx[j], put_tag_key), &p);
       if (UCS_PTR_IS_PTR(r)) {
         t->requests[j] = r;
         continue;

@@ -41,14 +41,21 @@ class UcxClient {
   static absl::StatusOr<std::unique_ptr<UcxClient>> Create(const std::string& transports, int get_lanes = 2);
   ~UcxClient();
 
-  // Connects to the UCX listener at host:port and completes a hello round trip before `deadline`.
-  // Returns the endpoint and the node id the server reported. Errors: Unavailable, DeadlineExceeded.
+  // Connects to the UCX listener at host:port and completes a hello round trip before `deadline`,
+  // presenting `ticket` (a session ticket of OpenUcxSession; "" = none). The get lanes' endpoints to
+  // that server present the same ticket (or the one of SetTicket). Returns the endpoint and the node id
+  // the server reported. Errors: PermissionDenied (the server refused the hello: no, unknown or expired
+  // ticket; the message says which), Unavailable, DeadlineExceeded.
   struct Connection {
     EndpointId endpoint = 0;
     std::string node_id;
-    bool takes_leases = false;  // the server answers Lease (it requires no token)
+    bool takes_leases = false;  // the server answers Lease on this endpoint
   };
-  absl::StatusOr<Connection> Connect(const std::string& host_port, absl::Time deadline);
+  absl::StatusOr<Connection> Connect(const std::string& host_port, absl::Time deadline, const std::string& ticket = "");
+  // Replaces the ticket that new get-lane endpoints to the server of `endpoint` present (a renewed
+  // session); endpoints already open stay authenticated. Unknown ids, or endpoints opened without a
+  // ticket, are ignored. Thread-safe.
+  void SetTicket(EndpointId endpoint, const std::string& ticket);
   // Force-closes an endpoint (transfers on it fail). Unknown ids are ignored.
   void Close(EndpointId endpoint);
 

@@ -5,8 +5,10 @@
 // these run without a GPU; the last test uses real NCCL on two GPUs and skips without them.
 #include <chrono>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -113,6 +115,7 @@ class NcclTransportTest : public ::testing::Test {
     o.lease_ttl = transfer_timeout * 4;
     o.max_workers = 4;
     o.channel.poll_interval = absl::Microseconds(50);
+    o.authenticate = authenticate_;
     auto svc = NcclService::Create(api_, source_, o);
     ASSERT_OK(svc);
     service_ = std::move(svc).value();
@@ -131,8 +134,10 @@ class NcclTransportTest : public ::testing::Test {
     service_.reset();
   }
 
-  std::unique_ptr<NcclWorker> MakeWorker(const std::string& id, absl::Duration transfer_timeout = absl::Seconds(5)) {
+  std::unique_ptr<NcclWorker> MakeWorker(const std::string& id, absl::Duration transfer_timeout = absl::Seconds(5),
+                                         const std::string& token = "") {
     NcclWorkerOptions o;
+    o.auth_token = token;
     o.server_address = address_;
     o.worker_id = id;
     o.rpc_timeout = absl::Seconds(2);
@@ -144,12 +149,14 @@ class NcclTransportTest : public ::testing::Test {
     return w.ok() ? std::move(w).value() : nullptr;
   }
 
-  v1::NcclBootstrapResponse Bootstrap(const std::string& worker, uint64_t reset, grpc::Status* status = nullptr) {
+  v1::NcclBootstrapResponse Bootstrap(const std::string& worker, uint64_t reset, grpc::Status* status = nullptr,
+                                      const std::string& token = "") {
     v1::NcclBootstrapRequest req;
     req.set_worker_id(worker);
     req.set_reset_generation(reset);
     v1::NcclBootstrapResponse resp;
     grpc::ClientContext ctx;
+    if (!token.empty()) ctx.AddMetadata("authorization", "Bearer " + token);
     grpc::Status st = stub_->Bootstrap(&ctx, req, &resp);
     if (status != nullptr)
       *status = st;
@@ -164,6 +171,40 @@ class NcclTransportTest : public ::testing::Test {
     return b;
   }
 
+  // Restarts the service with bearer tokens, as kvtier-server checks them: "tok-acme" is a worker of
+  // tenant "acme" (ns_'s), "tok-other" one of tenant "other", "tok-admin" an admin; anything else is
+  // UNAUTHENTICATED.
+  void RestartWithTokens() {
+    server_->Shutdown();
+    service_.reset();
+    authenticate_ = [](const grpc::ServerContext& ctx) -> absl::StatusOr<std::optional<std::string>> {
+      auto it = ctx.client_metadata().find("authorization");
+      const std::string value =
+          it == ctx.client_metadata().end() ? "" : std::string(it->second.data(), it->second.size());
+      if (value == "Bearer tok-acme") return std::optional<std::string>("acme");
+      if (value == "Bearer tok-other") return std::optional<std::string>("other");
+      if (value == "Bearer tok-admin") return std::optional<std::string>();
+      return absl::UnauthenticatedError(value.empty() ? "no token" : "unknown token");
+    };
+    StartServer();
+  }
+
+  grpc::StatusCode FetchCode(const std::string& worker, uint64_t generation, const Namespace& ns,
+                             const std::string& token) {
+    v1::NcclFetchRequest req;
+    req.set_worker_id(worker);
+    req.set_generation(generation);
+    wire::ToProto(ns, req.mutable_namespace_());
+    std::vector<BlockKey> keys = {Key(0)};
+    wire::EncodeKeys(keys, req.mutable_keys());
+    req.set_block_bytes(ns.layout.ShardBytes());
+    v1::NcclFetchResponse resp;
+    grpc::ClientContext ctx;
+    if (!token.empty()) ctx.AddMetadata("authorization", "Bearer " + token);
+    return stub_->Fetch(&ctx, req, &resp).error_code();
+  }
+
+  std::function<absl::StatusOr<std::optional<std::string>>(const grpc::ServerContext&)> authenticate_;
   Namespace ns_ = TestNamespace();
   testing::FakeNcclApi api_;
   HostBlockSource source_;
@@ -257,6 +298,68 @@ TEST_F(NcclTransportTest, FetchDeliversBlocksOverOneReusedCommunicator) {
   ASSERT_OK(got);
   EXPECT_EQ(*got, (std::vector<R>{R::kMiss, R::kMiss}));
   EXPECT_EQ(source_.active_leases(), 0);
+}
+
+TEST_F(NcclTransportTest, WithTokensAMissingOrUnknownTokenIsUnauthenticated) {
+  RestartWithTokens();
+  grpc::Status st;
+  Bootstrap("w", 0, &st);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  Bootstrap("w", 0, &st, "tok-forged");
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_FALSE(service_->session("w").has_value()) << "a refused bootstrap makes no communicator";
+  EXPECT_EQ(FetchCode("w", 1, ns_, ""), grpc::StatusCode::UNAUTHENTICATED);
+  // A worker without a token gets errors, never blocks.
+  source_.Add(Key(0), Pattern(0));
+  auto worker = MakeWorker("w");
+  ASSERT_NE(worker, nullptr);
+  std::vector<std::byte> buf(ns_.layout.ShardBytes(), std::byte{0xee});
+  std::vector<DeviceSpan> spans = {{buf.data(), buf.size()}};
+  std::vector<BlockKey> keys = {Key(0)};
+  auto got = worker->Fetch(ns_, keys, spans, nullptr);
+  EXPECT_TRUE(!got.ok() || (*got)[0] == NcclFetchResult::kError);
+  EXPECT_EQ(buf, std::vector<std::byte>(ns_.layout.ShardBytes(), std::byte{0xee}));
+}
+
+TEST_F(NcclTransportTest, WithTokensAnotherTenantsTokenIsPermissionDenied) {
+  RestartWithTokens();
+  source_.Add(Key(0), Pattern(0));
+  // Tenant acme's worker, with its token, gets its blocks.
+  auto worker = MakeWorker("w", absl::Seconds(5), "tok-acme");
+  ASSERT_NE(worker, nullptr);
+  std::vector<std::byte> buf(ns_.layout.ShardBytes(), std::byte{0xee});
+  std::vector<DeviceSpan> spans = {{buf.data(), buf.size()}};
+  std::vector<BlockKey> keys = {Key(0)};
+  auto got = worker->Fetch(ns_, keys, spans, nullptr);
+  ASSERT_OK(got);
+  EXPECT_EQ((*got)[0], NcclFetchResult::kHit);
+  EXPECT_EQ(buf, Pattern(0));
+  const uint64_t generation = worker->generation();
+  ASSERT_EQ(generation, 1u);
+  const uint64_t fetches = service_->stats().fetches.load();
+  // Tenant other may neither reset acme's communicator nor fetch on it, even acme's namespace.
+  grpc::Status st;
+  Bootstrap("w", generation, &st, "tok-other");
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_EQ(service_->session("w")->generation, generation) << "the refused reset changed nothing";
+  EXPECT_EQ(FetchCode("w", generation, ns_, "tok-other"), grpc::StatusCode::PERMISSION_DENIED);
+  // On its own communicator, other may not fetch acme's namespace.
+  Bootstrap("w-other", 0, &st, "tok-other");
+  ASSERT_TRUE(st.ok()) << st.error_message();
+  EXPECT_EQ(FetchCode("w-other", 1, ns_, "tok-other"), grpc::StatusCode::PERMISSION_DENIED);
+  // Nor may acme fetch a namespace of another tenant on its own.
+  Namespace other = ns_;
+  other.tenant = "other";
+  EXPECT_EQ(FetchCode("w", generation, other, "tok-acme"), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_EQ(service_->stats().fetches.load(), fetches) << "no refused fetch queued a send";
+  // An admin may.
+  EXPECT_EQ(FetchCode("w-other", 1, other, "tok-admin"), grpc::StatusCode::OK);
+  // acme's worker still works.
+  std::fill(buf.begin(), buf.end(), std::byte{0});
+  got = worker->Fetch(ns_, keys, spans, nullptr);
+  ASSERT_OK(got);
+  EXPECT_EQ((*got)[0], NcclFetchResult::kHit);
+  EXPECT_EQ(buf, Pattern(0));
 }
 
 TEST_F(NcclTransportTest, ADeadWorkerTimesOutTheServersSendAndReleasesTheLease) {

@@ -555,10 +555,35 @@ TEST_F(SecurityTest, GuessedLeaseIdsOverUcxReadNothing) {
   const CapabilityId leaked = lease();
   ASSERT_FALSE(leaked.null());
 
+  // The guesser holds a UCX session ticket (a worker of tenant A: the server requires one), so only the
+  // ids stand between it and the lease's bytes; a worker of tenant B holds the leaked id itself.
+  auto ticket = [&](const std::string& token) {
+    auto stub = v1::CacheService::NewStub(Channel("client", token));
+    grpc::ClientContext ctx;
+    v1::OpenUcxSessionResponse resp;
+    EXPECT_TRUE(stub->OpenUcxSession(&ctx, v1::OpenUcxSessionRequest(), &resp).ok());
+    return resp.ticket();
+  };
   auto peer = client::UcxClient::Create("", /*get_lanes=*/1);
   ASSERT_OK(peer);
-  auto conn = (*peer)->Connect(absl::StrCat("127.0.0.1:", server_->ucx_port()), absl::Now() + absl::Seconds(10));
+  auto conn = (*peer)->Connect(absl::StrCat("127.0.0.1:", server_->ucx_port()), absl::Now() + absl::Seconds(10),
+                               ticket(kTokenA));
   ASSERT_OK(conn);
+  auto peer_b = client::UcxClient::Create("", /*get_lanes=*/1);
+  ASSERT_OK(peer_b);
+  auto conn_b = (*peer_b)->Connect(absl::StrCat("127.0.0.1:", server_->ucx_port()), absl::Now() + absl::Seconds(10),
+                                   ticket(kTokenB));
+  ASSERT_OK(conn_b);
+  {
+    std::vector<std::byte> buf(expected.size(), std::byte{0});
+    std::vector<std::span<std::byte>> bufs = {buf};
+    const uint32_t first = 0;
+    auto r = (*peer_b)->Get(conn_b->endpoint, leaked, /*release=*/true, std::span<const uint32_t>(&first, 1), bufs,
+                            absl::Now() + absl::Seconds(10));
+    ASSERT_EQ(r.items.size(), 1u);
+    EXPECT_EQ(r.items[0], client::UcxClient::ItemStatus::kUnavailable) << "tenant B read A's leaked lease";
+    EXPECT_EQ(buf, std::vector<std::byte>(expected.size(), std::byte{0}));
+  }
   std::vector<CapabilityId> guesses = {CapabilityId()};
   for (uint64_t n = 1; n <= 64; ++n) {
     std::array<uint8_t, 16> b{};

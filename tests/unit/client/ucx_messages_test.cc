@@ -36,6 +36,46 @@ TEST(UcxMessagesTest, HelloReplyCarriesItsFlagsAndStillReadsAReplyWithout) {
   EXPECT_FALSE(DecodeHelloReply(Bytes(without.substr(0, without.size() - 1))).has_value());
 }
 
+TEST(UcxMessagesTest, HelloCarriesItsTicketAndStillReadsAHelloWithout) {
+  const std::string ticket(32, '\x5a');
+  auto m = DecodeHello(Bytes(Encode(Hello{.nonce = 9, .ticket = ticket})));
+  ASSERT_TRUE(m.has_value());
+  EXPECT_EQ(m->version, kProtocolVersion);
+  EXPECT_EQ(m->nonce, 9u);
+  EXPECT_EQ(m->ticket, ticket);
+  const std::string bare = Encode(Hello{.nonce = 9});
+  EXPECT_EQ(bare.size(), sizeof(uint32_t) + sizeof(uint64_t)) << "no ticket: the version 1 layout";
+  auto old = DecodeHello(Bytes(bare));
+  ASSERT_TRUE(old.has_value());
+  EXPECT_TRUE(old->ticket.empty());
+  const std::string with = Encode(Hello{.nonce = 9, .ticket = ticket});
+  EXPECT_FALSE(DecodeHello(Bytes(with + "x")).has_value());                       // trailing garbage
+  EXPECT_FALSE(DecodeHello(Bytes(with.substr(0, with.size() - 1))).has_value());  // ticket cut short
+  EXPECT_FALSE(DecodeHello(Bytes(Encode(Hello{.ticket = std::string(kMaxTicketBytes + 1, 't')}))).has_value());
+}
+
+TEST(UcxMessagesTest, ARefusedHelloReplyCarriesItsErrorAndAnAcceptedOneItsPutTagKey) {
+  auto refused = DecodeHelloReply(
+      Bytes(Encode(HelloReply{.nonce = 3, .node_id = "n", .flags = kRefused, .error = "expired ticket"})));
+  ASSERT_TRUE(refused.has_value());
+  EXPECT_EQ(refused->flags, kRefused);
+  EXPECT_EQ(refused->error, "expired ticket");
+  EXPECT_EQ(refused->put_tag_key, 0u);
+  const std::string accepted =
+      Encode(HelloReply{.nonce = 3, .node_id = "n", .flags = kTakesLeases, .put_tag_key = 0x1234567890abcdefULL});
+  auto a = DecodeHelloReply(Bytes(accepted));
+  ASSERT_TRUE(a.has_value());
+  EXPECT_EQ(a->put_tag_key, 0x1234567890abcdefULL);
+  EXPECT_TRUE(a->error.empty());
+  EXPECT_FALSE(DecodeHelloReply(Bytes(accepted.substr(0, accepted.size() - 1))).has_value());
+  // Keyed put tags keep bit 63 (the server's put tags) and differ per key; key 0 is the plain tag.
+  const CapabilityId id = CapabilityId::Random();
+  EXPECT_EQ(SessionPutTag(id, 1, 0), PutTag(id, 1));
+  EXPECT_NE(SessionPutTag(id, 1, a->put_tag_key) & kPutTagBit, 0u);
+  EXPECT_NE(SessionPutTag(id, 1, a->put_tag_key), PutTag(id, 1));
+  EXPECT_NE(SessionPutTag(id, 1, 1), SessionPutTag(id, 1, 2));
+}
+
 TEST(UcxMessagesTest, LeaseRequestAndReplyRoundTrip) {
   const std::string request = Encode(LeaseMessage{.request_id = 42, .payload = std::string("\0req\xff", 5)},
                                      /*reply=*/false);

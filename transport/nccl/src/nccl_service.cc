@@ -44,6 +44,7 @@ struct Job {
 // One worker's communicator and its sender thread.
 struct Session {
   std::string worker_id;
+  std::optional<std::string> tenant;  // of the caller that bootstrapped it; nullopt: an admin
   uint64_t generation = 0;
   NcclUniqueId id;
   std::unique_ptr<NcclChannel> channel;
@@ -79,8 +80,10 @@ class NcclService::Impl final : public v1::NcclService::Service {
     }
   }
 
-  grpc::Status Bootstrap(grpc::ServerContext*, const v1::NcclBootstrapRequest* req,
+  grpc::Status Bootstrap(grpc::ServerContext* ctx, const v1::NcclBootstrapRequest* req,
                          v1::NcclBootstrapResponse* resp) override {
+    absl::StatusOr<std::optional<std::string>> who = Authenticate(*ctx);
+    if (!who.ok()) return wire::ToGrpc(who.status());
     if (req->worker_id().empty() || req->worker_id().size() > kMaxWorkerIdBytes) {
       return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "worker_id: must be 1..255 bytes");
     }
@@ -92,6 +95,7 @@ class NcclService::Impl final : public v1::NcclService::Service {
       auto it = sessions_.find(req->worker_id());
       if (it != sessions_.end()) {
         std::shared_ptr<Session> live = it->second;
+        if (grpc::Status s = CheckOwner(*who, *live); !s.ok()) return s;
         if (!live->failed.load() && (req->reset_generation() == 0 || req->reset_generation() != live->generation)) {
           stats_.reuses.fetch_add(1, std::memory_order_relaxed);
           reply = live;
@@ -109,6 +113,7 @@ class NcclService::Impl final : public v1::NcclService::Service {
       if (reply == nullptr) {
         absl::StatusOr<std::shared_ptr<Session>> s = NewSession(req->worker_id(), next_generation);
         if (!s.ok()) return wire::ToGrpc(s.status());
+        (*s)->tenant = *who;
         sessions_[req->worker_id()] = *s;
         reply = *s;
       }
@@ -120,7 +125,9 @@ class NcclService::Impl final : public v1::NcclService::Service {
     return grpc::Status::OK;
   }
 
-  grpc::Status Fetch(grpc::ServerContext*, const v1::NcclFetchRequest* req, v1::NcclFetchResponse* resp) override {
+  grpc::Status Fetch(grpc::ServerContext* ctx, const v1::NcclFetchRequest* req, v1::NcclFetchResponse* resp) override {
+    absl::StatusOr<std::optional<std::string>> who = Authenticate(*ctx);
+    if (!who.ok()) return wire::ToGrpc(who.status());
     std::shared_ptr<Session> session;
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -132,8 +139,15 @@ class NcclService::Impl final : public v1::NcclService::Service {
                           absl::StrCat("no live communicator of generation ", req->generation(), " for worker \"",
                                        req->worker_id(), "\"; bootstrap again"));
     }
+    if (grpc::Status s = CheckOwner(*who, *session); !s.ok()) return s;
     absl::StatusOr<Namespace> ns = wire::FromProto(req->namespace_());
     if (!ns.ok()) return wire::ToGrpc(ns.status());
+    // Every block sent is of this namespace: one check covers them all.
+    if (who->has_value() && ns->tenant != **who) {
+      return grpc::Status(
+          grpc::StatusCode::PERMISSION_DENIED,
+          absl::StrCat("namespace.tenant \"", ns->tenant, "\" is not the caller's tenant \"", **who, "\""));
+    }
     absl::StatusOr<std::vector<BlockKey>> keys =
         wire::DecodeKeys(req->keys(), ns->layout.tp_size, options_.max_blocks_per_fetch);
     if (!keys.ok()) return wire::ToGrpc(keys.status());
@@ -180,6 +194,19 @@ class NcclService::Impl final : public v1::NcclService::Service {
   NcclServiceStats stats_;
 
  private:
+  absl::StatusOr<std::optional<std::string>> Authenticate(const grpc::ServerContext& ctx) const {
+    if (!options_.authenticate) return std::optional<std::string>();
+    return options_.authenticate(ctx);
+  }
+
+  // A caller of a tenant may use only a communicator that a caller of the same tenant (or an admin)
+  // bootstrapped.
+  static grpc::Status CheckOwner(const std::optional<std::string>& who, const Session& s) {
+    if (!who.has_value() || !s.tenant.has_value() || *s.tenant == *who) return grpc::Status::OK;
+    return grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
+                        absl::StrCat("worker \"", s.worker_id, "\" belongs to another tenant"));
+  }
+
   absl::StatusOr<std::shared_ptr<Session>> NewSession(const std::string& worker_id, uint64_t generation) {
     KVTIER_ASSIGN_OR_RETURN(NcclUniqueId id, api_.GetUniqueId());
     auto s = std::make_shared<Session>();

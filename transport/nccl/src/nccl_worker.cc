@@ -84,6 +84,7 @@ class NcclWorker::Impl {
       req.set_block_bytes(block_bytes);
       grpc::ClientContext ctx;
       ctx.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
+      if (!options_.auth_token.empty()) ctx.AddMetadata("authorization", "Bearer " + options_.auth_token);
       resp.Clear();
       const grpc::Status st = stub_->Fetch(&ctx, req, &resp);
       if (st.ok()) break;
@@ -142,6 +143,7 @@ class NcclWorker::Impl {
     v1::NcclBootstrapResponse resp;
     grpc::ClientContext ctx;
     ctx.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
+    if (!options_.auth_token.empty()) ctx.AddMetadata("authorization", "Bearer " + options_.auth_token);
     if (!stub_->Bootstrap(&ctx, req, &resp).ok()) return false;
     if (resp.unique_id().size() != NcclUniqueId::kBytes || resp.nranks() != 2) return false;
     stats_.bootstraps.fetch_add(1, std::memory_order_relaxed);

@@ -81,6 +81,9 @@ struct ServerOptions {
   std::string ucx_listen_address;  // host:port of the UCX listener; port 0 = the kernel picks
   std::string ucx_transports;      // UCX_TLS of the server's UCX context ("" = UCX's own
                                    // default); must include tcp (the listener needs it)
+  // Lifetime of a UCX session ticket (OpenUcxSession): the window in which it may open UCX endpoints;
+  // an endpoint it opened stays authenticated until it closes. Clients renew at half of it.
+  absl::Duration ucx_session_ttl = absl::Minutes(10);
   absl::Duration ucx_transfer_timeout =
       absl::Seconds(10);  // a UCX send or receive still unfinished after
                           // this is cancelled (its endpoint closed) and its pin dropped;

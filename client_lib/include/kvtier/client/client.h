@@ -215,7 +215,7 @@ struct ClientStats {
   std::atomic<uint64_t> checksum_failures{0};      // blocks whose bytes failed verification
   std::atomic<uint64_t> ucx_get_blocks{0};         // blocks that arrived intact over UCX
   std::atomic<uint64_t> ucx_lane_get_blocks{0};    // of those, blocks the get lanes received (ucx_get_lanes)
-  std::atomic<uint64_t> ucx_leases{0};             // read leases taken over UCX (servers without tokens)
+  std::atomic<uint64_t> ucx_leases{0};             // read leases taken over UCX (kLease)
   std::atomic<uint64_t> ucx_put_blocks{0};         // blocks whose bytes the server took over UCX
   std::atomic<uint64_t> ucx_endpoint_failures{0};  // UCX endpoints dropped after an error or a missed deadline
   std::atomic<uint64_t> ucx_connects{0};           // UCX endpoints established (the first and reconnects)

@@ -6,34 +6,55 @@
 // (AM), each a little-endian byte string in the AM's data. `id16` is a lease or reservation id: its 16
 // bytes (kvtier/common/capability_id.h), random and bound to the tenant that took it; an id the server
 // does not hold live is answered exactly as one of another tenant's would be (empty messages, ok = 0).
-// Version 2: ids are id16 (version 1 carried them as u64 and took sequential ids).
-//   kHello      client -> server  {version u32, nonce u64}
-//   kHelloReply server -> client  {version u32, nonce u64, node_id_len u32, node_id bytes, flags u32}
-//                 flags & kTakesLeases: the server answers kLease (it requires no token; see kLease).
+// Version 2: ids are id16 (version 1 carried them as u64 and took sequential ids), and the hello
+// carries a session ticket.
+//   kHello      client -> server  {version u32, nonce u64, [ticket_len u32, ticket bytes]}
+//                 The first AM of every endpoint. ticket: from the OpenUcxSession RPC, over the client's
+//                 authenticated gRPC channel; absent or empty when the client has none.
+//   kHelloReply server -> client  {version u32, nonce u64, node_id_len u32, node_id bytes, flags u32,
+//                                  [put_tag_key u64, error_len u32, error bytes]}
+//                 flags & kTakesLeases: the server answers kLease on this endpoint.
+//                 flags & kRefused: the server requires a ticket (tokens or TLS on) and the hello had
+//                 none, or an unknown or expired one; error says which. The server closes the endpoint
+//                 shortly after, and until then drops every other AM of it.
+//                 put_tag_key: the endpoint's put tags are PutTag(...) ^ put_tag_key (SessionPutTag);
+//                 random per authenticated endpoint, 0 (or absent) on a server without tickets.
+//               A server that requires tickets serves the AMs below only on an endpoint whose hello
+//               carried a valid ticket; any of them on another endpoint is dropped and the endpoint
+//               closed. An endpoint stays authenticated, as the ticket's tenant and role, until it
+//               closes; the ticket's expiry bounds only when it may open one. An endpoint without a
+//               valid hello 10 s after it connected is closed.
 //   kGet        client -> server  {request_id u64, lease_id id16, tag_base u64, flags u32, n u32, index u32 x n}
 //                 The server sends, for each j < n, block indices[j] of the lease as one tagged message
 //                 with tag tag_base + j, straight from the leased slot; a block it cannot send (lease
-//                 expired, index not held) is sent as an empty message on its tag, so that every posted
-//                 receive completes (an unknown or foreign lease id: every message empty).
-//                 flags & kGetRelease: release the lease once every send completed.
+//                 expired, index not held; an unknown lease id, or one of another tenant than the
+//                 endpoint's: every message) is sent as an empty message on its tag, so that every
+//                 posted receive completes. flags & kGetRelease: release the lease once every send
+//                 completed.
 //   kPut        client -> server  {request_id u64, reservation_id id16, n u32, index u32 x n}
-//                 The server checks the full id, then posts, for each index, a tagged receive straight
-//                 into the reserved slot with tag PutTag(reservation_id, index); the client sends the
-//                 block's bytes with that tag. A tag is not a capability (it holds 39 bits of the id):
-//                 only a kPut naming the whole live id makes the server post receives into its slots.
+//                 The server checks the full id (live, and of the endpoint's tenant), then posts, for
+//                 each index, a tagged receive straight into the reserved slot with tag
+//                 SessionPutTag(reservation_id, index, put_tag_key); the client sends the block's bytes
+//                 with that tag. A tag is not a capability (it holds 39 bits of the id): only a kPut
+//                 naming the whole live id makes the server post receives into its slots; any other
+//                 gets no receive and a kPutDone with every ok = 0.
 //   kPutDone    server -> client  {request_id u64, n u32, ok u8 x n}: every receive of the request finished
 //                 (ok = all bytes arrived); the client commits over gRPC only after it.
 //   kRelease    client -> server  {lease_id id16}: release the lease (a client that split one lease's
 //                 blocks over several kGet requests, on several endpoints, sends it after the last).
+//                 Ignored for a lease of another tenant than the endpoint's.
 //   kLease      client -> server  {request_id u64, request bytes}: a serialized kvtier.v1.ReadRequest;
-//                 the server does what the Lease RPC does and answers kLeaseReply. Offered only by a
-//                 server without tokens (auth off), where the gRPC call would be allowed anyway; it
-//                 saves a get its gRPC round trip.
+//                 the server does what the Lease RPC does, as the endpoint's tenant and role (a
+//                 namespace of another tenant: PERMISSION_DENIED), and answers kLeaseReply. It saves a
+//                 get its gRPC round trip.
 //   kLeaseReply server -> client  {request_id u64, status u8, [code u32], payload bytes}: status 1: a
 //                 serialized kvtier.v1.ReadResponse (status, checksums, lease id); status 2: the server
 //                 refused, code (an absl::StatusCode, e.g. INVALID_ARGUMENT for a block above its
 //                 limits.max_block_bytes) and its message follow; status 0: an error message without a
 //                 code (servers before codes were sent; read as UNAVAILABLE).
+//
+// Versions: 2 added the hello's ticket and the reply's kRefused, put_tag_key and error; a client and a
+// server of different versions do not complete a hello (the client then moves its bytes over gRPC).
 #ifndef KVTIER_WIRE_UCX_MESSAGES_H_
 #define KVTIER_WIRE_UCX_MESSAGES_H_
 
@@ -55,7 +76,7 @@ static_assert(std::endian::native == std::endian::little, "the UCX messages are 
 static_assert(sizeof(CapabilityId) == CapabilityId::kBytes && std::is_trivially_copyable_v<CapabilityId>,
               "an id16 is written and read as its 16 bytes");
 
-// 2: lease and reservation ids are 16 random bytes (1: sequential u64 ids).
+// 2: lease and reservation ids are 16 random bytes (1: sequential u64 ids); the hello carries a ticket.
 inline constexpr uint32_t kProtocolVersion = 2;
 
 // Active message ids (ucp_worker_set_am_recv_handler).
@@ -71,6 +92,8 @@ enum AmId : uint16_t {
 };
 
 inline constexpr uint32_t kTakesLeases = 1;  // kHelloReply flag
+inline constexpr uint32_t kRefused = 2;      // kHelloReply flag: no valid ticket; the endpoint is closed
+inline constexpr uint32_t kMaxTicketBytes = 256;
 
 inline constexpr uint32_t kGetRelease = 1;  // kGet flag: release the lease after the last send
 
@@ -91,16 +114,24 @@ inline uint64_t PutTagPrefix(const CapabilityId& reservation_id) { return reserv
 inline uint64_t PutTag(const CapabilityId& reservation_id, uint32_t index) {
   return kPutTagBit | (PutTagPrefix(reservation_id) << kTagIndexBits) | index;
 }
+// The put tag on an endpoint with `put_tag_key` (its kHelloReply): a peer without that endpoint's key
+// cannot guess the tags of its puts, so cannot slip bytes into them. Bit 63 stays set.
+inline uint64_t SessionPutTag(const CapabilityId& reservation_id, uint32_t index, uint64_t put_tag_key) {
+  return PutTag(reservation_id, index) ^ (put_tag_key & ~kPutTagBit);
+}
 
 struct Hello {
   uint32_t version = kProtocolVersion;
   uint64_t nonce = 0;
+  std::string ticket;  // empty: none
 };
 struct HelloReply {
   uint32_t version = kProtocolVersion;
   uint64_t nonce = 0;
   std::string node_id;
   uint32_t flags = 0;
+  uint64_t put_tag_key = 0;
+  std::string error;  // with kRefused: why
 };
 // kLease and kLeaseReply: a request id and bytes (a serialized message, or an error's text).
 struct LeaseMessage {
@@ -176,6 +207,10 @@ inline std::string Encode(const Hello& m) {
   internal::Writer w;
   w.Put(m.version);
   w.Put(m.nonce);
+  if (!m.ticket.empty()) {
+    w.Put(static_cast<uint32_t>(m.ticket.size()));
+    w.Bytes(m.ticket.data(), m.ticket.size());
+  }
   return w.Take();
 }
 inline std::string Encode(const HelloReply& m) {
@@ -185,6 +220,11 @@ inline std::string Encode(const HelloReply& m) {
   w.Put(static_cast<uint32_t>(m.node_id.size()));
   w.Bytes(m.node_id.data(), m.node_id.size());
   w.Put(m.flags);
+  if (m.put_tag_key != 0 || !m.error.empty()) {
+    w.Put(m.put_tag_key);
+    w.Put(static_cast<uint32_t>(m.error.size()));
+    w.Bytes(m.error.data(), m.error.size());
+  }
   return w.Take();
 }
 inline std::string Encode(const LeaseMessage& m, bool reply) {
@@ -232,7 +272,12 @@ inline std::string Encode(const PutDone& m) {
 inline std::optional<Hello> DecodeHello(std::span<const std::byte> in) {
   internal::Reader r(in);
   Hello m;
-  if (!r.Get(m.version) || !r.Get(m.nonce) || !r.done()) return std::nullopt;
+  if (!r.Get(m.version) || !r.Get(m.nonce)) return std::nullopt;
+  if (r.done()) return m;  // no ticket
+  uint32_t n = 0;
+  if (!r.Get(n) || n > kMaxTicketBytes || n != r.left()) return std::nullopt;
+  m.ticket.resize(n);
+  if (!r.Bytes(m.ticket.data(), n)) return std::nullopt;
   return m;
 }
 inline std::optional<HelloReply> DecodeHelloReply(std::span<const std::byte> in) {
@@ -242,7 +287,13 @@ inline std::optional<HelloReply> DecodeHelloReply(std::span<const std::byte> in)
   if (!r.Get(m.version) || !r.Get(m.nonce) || !r.Get(n) || n > r.left()) return std::nullopt;
   m.node_id.resize(n);
   if (!r.Bytes(m.node_id.data(), n)) return std::nullopt;
-  if (!r.done() && (!r.Get(m.flags) || !r.done())) return std::nullopt;  // a server without flags sends none
+  if (r.done()) return m;  // a server without flags sends none
+  if (!r.Get(m.flags)) return std::nullopt;
+  if (r.done()) return m;  // nor key nor error
+  uint32_t e = 0;
+  if (!r.Get(m.put_tag_key) || !r.Get(e) || e != r.left()) return std::nullopt;
+  m.error.resize(e);
+  if (!r.Bytes(m.error.data(), e)) return std::nullopt;
   return m;
 }
 inline std::optional<LeaseMessage> DecodeLeaseMessage(std::span<const std::byte> in, bool reply) {

@@ -10,6 +10,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -23,6 +24,7 @@
 
 namespace grpc {
 class Service;
+class ServerContext;
 }  // namespace grpc
 
 namespace kvtier::nccl {
@@ -40,6 +42,13 @@ struct NcclServiceOptions {
   uint32_t max_workers = 256;  // live communicators; more Bootstraps get RESOURCE_EXHAUSTED
   uint32_t max_blocks_per_fetch = 4096;
   NcclChannelOptions channel;  // polling interval, clock and sleep of every communicator
+  // Who made a call, from its metadata (the kvtier-server checks its bearer token as on the cache
+  // service): the caller's tenant, or nullopt for a caller allowed every tenant (an admin, or a server
+  // without tokens); an error (UNAUTHENTICATED, ...) refuses the call with that status. Called on
+  // gRPC's threads, concurrently. Empty (default): every caller is allowed every tenant.
+  // With a tenant: Bootstrap of a worker id whose communicator another tenant bootstrapped, and Fetch
+  // of that communicator or of a namespace of another tenant, are PERMISSION_DENIED.
+  std::function<absl::StatusOr<std::optional<std::string>>(const grpc::ServerContext& ctx)> authenticate;
 
   // Errors: InvalidArgument naming the field.
   absl::Status Validate() const;

@@ -33,6 +33,9 @@ struct NcclWorkerOptions {
   absl::Duration transfer_timeout = absl::Seconds(10);  // one grouped receive must complete by then
   uint64_t max_message_bytes = 80ULL << 20;             // gRPC message limit
   NcclChannelOptions channel;                           // polling interval, clock, sleep
+  // Sent as `authorization: Bearer <auth_token>` on every RPC (a server with tokens requires it: the
+  // worker's tenant). "" (default): none. The channel is plaintext: keep it on a trusted network.
+  std::string auth_token;
 
   // Errors: InvalidArgument naming the field.
   absl::Status Validate() const;
