@@ -325,6 +325,7 @@ void BlockStore::DemoteOrDropLocked(EntryHandle h) {
     EraseEntryLocked(h);
     return;
   }
+  disk_->NoteLogicalBytes(stats_.disk_bytes.load(std::memory_order_relaxed) + e.size_bytes);
   if (const absl::Status put = disk_->Put(e.key, meta, bytes); !put.ok()) {
     (absl::IsFailedPrecondition(put) ? stats_.disk_spill_refused : stats_.disk_errors)
         .fetch_add(1, std::memory_order_relaxed);

@@ -533,8 +533,25 @@ void DiskTier::SetGarbageCollectionLocked(bool on) {
   collecting_.store(on, std::memory_order_relaxed);
 }
 
+void DiskTier::CheckGarbageLocked() {
+  const uint64_t logical_bytes = logical_bytes_.load(std::memory_order_relaxed);
+  if (impl_ == nullptr || impl_->files == nullptr || logical_bytes == 0) return;
+  const uint64_t files = impl_->files->GetTotalSize();
+  const bool on = collecting_.load(std::memory_order_relaxed);
+  if (!on && 2 * files > 3 * logical_bytes && files > 2 * write_buffer_bytes_) {
+    KVTIER_LOG(info, "disk tier at {}: its files take {} for {} of blocks; collecting blob garbage", options_.path,
+               Mib(files), Mib(logical_bytes));
+    SetGarbageCollectionLocked(true);
+  } else if (on && 4 * files < 5 * logical_bytes) {
+    KVTIER_LOG(info, "disk tier at {}: its files take {} for {} of blocks; blob garbage collection off", options_.path,
+               Mib(files), Mib(logical_bytes));
+    SetGarbageCollectionLocked(false);
+  }
+}
+
 bool DiskTier::Probe(uint64_t logical_bytes) {
   std::lock_guard<std::mutex> lock(mu_);
+  if (logical_bytes > 0) logical_bytes_.store(logical_bytes, std::memory_order_relaxed);
   const auto now = std::chrono::steady_clock::now();
   uint64_t total = 0, avail = 0;
   const bool have_free = VolumeOf(options_.path, &total, &avail) && total > 0;
@@ -562,19 +579,7 @@ bool DiskTier::Probe(uint64_t logical_bytes) {
     if (recovery_backoff_.count() > 0 && now - recovered_at_ > std::chrono::minutes(5)) {
       recovery_backoff_ = std::chrono::milliseconds(0);  // the last recovery held
     }
-    if (impl_ != nullptr && impl_->files != nullptr && logical_bytes > 0) {
-      const uint64_t files = impl_->files->GetTotalSize();
-      const bool on = collecting_.load(std::memory_order_relaxed);
-      if (!on && 2 * files > 3 * logical_bytes && files > 2 * write_buffer_bytes_) {
-        KVTIER_LOG(info, "disk tier at {}: its files take {} for {} of blocks; collecting blob garbage", options_.path,
-                   Mib(files), Mib(logical_bytes));
-        SetGarbageCollectionLocked(true);
-      } else if (on && 4 * files < 5 * logical_bytes) {
-        KVTIER_LOG(info, "disk tier at {}: its files take {} for {} of blocks; blob garbage collection off",
-                   options_.path, Mib(files), Mib(logical_bytes));
-        SetGarbageCollectionLocked(false);
-      }
-    }
+    CheckGarbageLocked();
     // Write buffers that waited flush_interval go to disk, so that a kill loses no more than that.
     if (impl_ != nullptr && now - last_flush_ >= options_.flush_interval) {
       uint64_t unflushed = 0;
@@ -634,6 +639,10 @@ absl::Status DiskTier::Put(const BlockKey& key, const DiskBlockMeta& meta, std::
   batch.Put(impl_->meta, k, MetaBytes(meta));
   absl::Status s = FromRocks(impl_->db->Write(NoWal(), &batch), "writing a block");
   if (!s.ok()) OnIoErrorLocked("writing a block", errors_.write, s, /*write=*/true);
+  if (++puts_since_check_ >= 16) {  // garbage grows with spills: check it between probes too
+    puts_since_check_ = 0;
+    CheckGarbageLocked();
+  }
   return s;
 }
 

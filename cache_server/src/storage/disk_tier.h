@@ -133,6 +133,9 @@ class DiskTier {
   // Returns true when it opened a database that was not open read-write before (the caller then
   // re-reads its records with ForEach).
   bool Probe(uint64_t logical_bytes = 0);
+  // The blocks' bytes on disk as the caller counts them (see Probe); Put checks the garbage against it
+  // every 16 writes, so that a fast spill rate cannot outrun the probe.
+  void NoteLogicalBytes(uint64_t bytes) { logical_bytes_.store(bytes, std::memory_order_relaxed); }
   // True while blob garbage collection is on (see Probe).
   bool collecting_garbage() const { return collecting_.load(std::memory_order_relaxed); }
   // The most the disk budget may be on this volume: (volume - floor) / 2, so that blob garbage not yet
@@ -164,6 +167,8 @@ class DiskTier {
   uint64_t DirectoryBytes() const;
   // The floor and RocksDB's cap for a volume of `total` bytes. Needs mu_ (or construction).
   void SizeForVolumeLocked(uint64_t total);
+  // Turns garbage collection on past 1.5x the logical bytes, off under 1.25x (see Probe). Needs mu_.
+  void CheckGarbageLocked();
   // Turns blob garbage collection on or off (SetOptions on the blocks family). Needs mu_ and impl_.
   void SetGarbageCollectionLocked(bool on);
   // Deletes the keys Delete() could not (pending_deletes_) once the database is writable. Needs mu_.
@@ -181,7 +186,9 @@ class DiskTier {
   uint64_t write_buffer_bytes_ = 0;  // set at construction: a resized volume keeps it until a reopen
   std::atomic<uint64_t> free_bytes_{0};
   std::atomic<DiskTierState> state_{DiskTierState::kOff};
-  std::atomic<bool> collecting_{false};  // blob garbage collection on (set under mu_)
+  std::atomic<bool> collecting_{false};     // blob garbage collection on (set under mu_)
+  std::atomic<uint64_t> logical_bytes_{0};  // NoteLogicalBytes / Probe
+  uint32_t puts_since_check_ = 0;           // guarded by mu_
   DiskErrorCounters errors_;
   mutable std::mutex mu_;
   std::string reason_;           // guarded by mu_
