@@ -126,7 +126,8 @@ TierTotals SumTiers(const StatusReport& report, const std::string& tier) {
     if (!m.info_status.ok()) continue;
     for (const v1::TierInfo& ti : m.info.tiers()) {
       if (!tier.empty() && ti.tier() != tier) continue;
-      t.capacity_bytes += ti.capacity_bytes();
+      // A disk tier that is off holds nothing and takes nothing: its budget is no capacity.
+      if (ti.state() != "off") t.capacity_bytes += ti.capacity_bytes();
       t.used_bytes += ti.used_bytes();
       t.blocks += ti.blocks();
     }
@@ -154,6 +155,7 @@ Json StatusJson(const StatusReport& report) {
         tier["state_reason"] = t.state_reason();
         tier["volume_free_bytes"] = t.volume_free_bytes();
         tier["min_free_bytes"] = t.min_free_bytes();
+        tier["database_bytes"] = t.database_bytes();
       }
       tiers.push_back(std::move(tier));
     }

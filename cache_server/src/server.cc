@@ -177,13 +177,27 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   }
   // With few slabs, the first block of a new size class takes a whole slab, evicting up to that slab's
   // share of the tier (docs/architecture.md "Size classes").
-  if (const uint64_t slabs = (options.host_cache_bytes + options.slab_bytes - 1) / options.slab_bytes;
-      slabs < kFewSlabs) {
+  // A short last slab (capacity not a multiple of slab_bytes) holds only blocks that fit it: it is
+  // named apart, not counted as a slab.
+  if (const uint64_t slabs = options.host_cache_bytes / options.slab_bytes; slabs < kFewSlabs) {
+    const uint64_t rest = options.host_cache_bytes % options.slab_bytes;
     KVTIER_LOG(warn,
-               "kvtier-server: warning: host_tier.slab_bytes {} cuts host_tier.capacity_bytes {} into {} slab(s), "
-               "and the first block of each new size may evict a whole slab (1/{} of the tier); lower "
-               "host_tier.slab_bytes (and limits.max_block_bytes) to have at least {}",
-               options.slab_bytes, options.host_cache_bytes, slabs, slabs, kFewSlabs);
+               "kvtier-server: warning: host_tier.slab_bytes {} cuts host_tier.capacity_bytes {} into {} full "
+               "slab(s){}, and the first block of each new size may evict a whole slab ({:.0f}% of the tier); "
+               "lower host_tier.slab_bytes (and limits.max_block_bytes) to have at least {}",
+               options.slab_bytes, options.host_cache_bytes, slabs,
+               rest > 0 ? absl::StrCat(" and a short one of ", rest, " bytes") : std::string(),
+               100.0 * static_cast<double>(std::min(options.slab_bytes, options.host_cache_bytes)) /
+                   static_cast<double>(options.host_cache_bytes),
+               kFewSlabs);
+  }
+  if (const double bound = options.tenant_pinned_share * static_cast<double>(options.host_cache_bytes);
+      bound < static_cast<double>(impl->options.max_block_bytes)) {
+    KVTIER_LOG(warn,
+               "kvtier-server: warning: leases.tenant_pinned_share {} bounds each tenant's pinned bytes at {:.0f}, "
+               "less than one largest block ({} bytes): while tenants share this server each may lease one block "
+               "at a time",
+               options.tenant_pinned_share, bound, impl->options.max_block_bytes);
   }
   // The HBM tier, when asked for and a CUDA device is usable; without one the server runs without it.
   std::shared_ptr<DeviceTierMemory> hbm;

@@ -4,6 +4,7 @@
 
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -60,9 +61,18 @@ class ServerProcess {
     argv.push_back(nullptr);
     const std::string log = p->dir_ + "/server.log";
     const int log_fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    // A test process that aborts (a failed ASSERT in a death path, a sanitizer report) must not leave
+    // its servers running: the child dies with the thread that forked it. Only when that thread is the
+    // main one, which lives as long as the test process (a worker thread may end before its server).
+    const bool main_thread = gettid() == getpid();
+    const pid_t parent = getpid();
     p->pid_ = fork();
     if (p->pid_ < 0) return absl::InternalError("fork failed");
     if (p->pid_ == 0) {
+      if (main_thread) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (getppid() != parent) _exit(126);  // the parent died before prctl
+      }
       if (log_fd >= 0) dup2(log_fd, STDERR_FILENO);
       execv(argv[0], argv.data());
       _exit(127);
