@@ -359,5 +359,67 @@ TEST_F(TieredStoreTest, ReadOnlyOpenServesDiskBlocksAndTheProbeReopensReadWrite)
   EXPECT_EQ(store_->stats().disk_errors.load(), 0u);
 }
 
+// A block dropped while the database is read-only (here: read, so it moved to memory, then evicted
+// from memory while the disk could take nothing) cannot be deleted then; the tier remembers it and
+// deletes it once writable, so the reopen does not index a copy the store dropped.
+TEST(DiskTierTest, DeletesRefusedWhileReadOnlyHappenAfterTheReopen) {
+  const auto dir = std::filesystem::temp_directory_path() / ("kvtier-pending-" + std::to_string(getpid()));
+  std::filesystem::remove_all(dir);
+  auto bytes = Payload(1);
+  const DiskBlockMeta meta{.namespace_id = 1,
+                           .tenant_id = 2,
+                           .size_bytes = bytes.size(),
+                           .checksum = BlockChecksum(bytes.data(), bytes.size())};
+  {
+    auto writer = DiskTier::Open(dir.string());
+    ASSERT_OK(writer);
+    ASSERT_OK((*writer)->Put(Key(1), meta, bytes));
+    ASSERT_OK((*writer)->Put(Key(2), meta, bytes));
+  }
+  auto holder = DiskTier::Open(dir.string());  // holds the lock: the next open is read-only
+  ASSERT_OK(holder);
+  auto tier = DiskTier::OpenOrDegrade({.path = dir.string()});
+  ASSERT_EQ(tier->state(), DiskTierState::kReadOnly) << tier->reason();
+  EXPECT_TRUE(absl::IsFailedPrecondition(tier->Delete(Key(1))));
+  std::vector<BlockKey> seen;
+  ASSERT_OK(tier->ForEach([&](const BlockKey& k, const DiskBlockMeta&) { seen.push_back(k); }));
+  EXPECT_EQ(seen.size(), 1u) << "the dropped block is skipped while its delete waits";
+  holder->reset();
+  EXPECT_TRUE(tier->Probe()) << tier->reason();  // reopened read-write
+  ASSERT_EQ(tier->state(), DiskTierState::kOk) << tier->reason();
+  seen.clear();
+  ASSERT_OK(tier->ForEach([&](const BlockKey& k, const DiskBlockMeta&) { seen.push_back(k); }));
+  ASSERT_EQ(seen.size(), 1u);
+  EXPECT_EQ(seen[0], Key(2));
+  tier.reset();
+  auto again = DiskTier::Open(dir.string());  // and it stays deleted across a restart
+  ASSERT_OK(again);
+  seen.clear();
+  ASSERT_OK((*again)->ForEach([&](const BlockKey& k, const DiskBlockMeta&) { seen.push_back(k); }));
+  EXPECT_EQ(seen.size(), 1u);
+  again->reset();
+  std::filesystem::remove_all(dir);
+}
+
+// A payload that fails its checksum is DataLoss (the store counts a checksum failure), never an I/O error.
+TEST(DiskTierTest, ACorruptPayloadIsDataLossNotAnIoError) {
+  const auto dir = std::filesystem::temp_directory_path() / ("kvtier-corrupt-" + std::to_string(getpid()));
+  std::filesystem::remove_all(dir);
+  auto tier = DiskTier::Open(dir.string());
+  ASSERT_OK(tier);
+  auto bytes = Payload(3);
+  const DiskBlockMeta meta{.namespace_id = 1,
+                           .tenant_id = 2,
+                           .size_bytes = bytes.size(),
+                           .checksum = BlockChecksum(bytes.data(), bytes.size())};
+  ASSERT_OK((*tier)->Put(Key(3), meta, bytes));
+  ASSERT_OK((*tier)->CorruptForTest(Key(3), 7));
+  std::vector<std::byte> out(bytes.size());
+  EXPECT_TRUE(absl::IsDataLoss((*tier)->Get(Key(3), meta, out)));
+  EXPECT_EQ((*tier)->errors().read.load(), 0u);
+  tier->reset();
+  std::filesystem::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace kvtier::server
