@@ -194,6 +194,22 @@ class DiskFullTest : public ::testing::Test {
     }
   }
 
+  // What a churn saw of the disk tier: the least free space, the largest database, the first state
+  // other than ok (and after how many prompts).
+  struct ChurnWatch {
+    uint64_t least_free = kVolumeBytes;
+    uint64_t most_database = 0;
+    std::string not_ok;
+  };
+  void Watch(uint32_t done, uint32_t total, ChurnWatch* w) {
+    const v1::TierInfo disk = DiskInfo();
+    w->least_free = std::min<uint64_t>(w->least_free, disk.volume_free_bytes());
+    w->most_database = std::max<uint64_t>(w->most_database, Stats().disk_database_bytes());
+    if (disk.state() != "ok" && w->not_ok.empty()) {
+      w->not_ok = absl::StrCat(disk.state(), " after ", done, " of ", total, " prompts: ", disk.state_reason());
+    }
+  }
+
   std::string ServerLog() const {
     std::ifstream in(server_->log_path());
     std::stringstream s;
@@ -356,20 +372,15 @@ TEST_F(DiskFullTest, ChurningTenBudgetsThroughTheDiskKeepsTheFloor) {
   const uint64_t budget = Stats().disk_capacity_bytes();
   ASSERT_GT(budget, 0u);
   const uint32_t prompts = static_cast<uint32_t>(10 * budget / (kChainBlocks * kBlockBytes));
-  uint64_t least_free = kVolumeBytes, most_database = 0;
-  std::string not_ok;  // the first state other than ok, and when
+  ChurnWatch watch;
   Tally put;
   for (uint32_t first = 0; first < prompts; first += 20) {
     PutPrompts(first, 20, &put);
     ASSERT_TRUE(server_->Running()) << ServerLog();
-    const v1::TierInfo disk = DiskInfo();
-    least_free = std::min<uint64_t>(least_free, disk.volume_free_bytes());
-    most_database = std::max<uint64_t>(most_database, Stats().disk_database_bytes());
-    if (disk.state() != "ok" && not_ok.empty()) {
-      not_ok = absl::StrCat(disk.state(), " after ", first + 20, " of ", prompts, " prompts: ", disk.state_reason());
-    }
+    Watch(first + 20, prompts, &watch);
   }
-  EXPECT_EQ(not_ok, "") << ServerLog();
+  EXPECT_EQ(watch.not_ok, "") << ServerLog();
+  const uint64_t least_free = watch.least_free, most_database = watch.most_database;
   EXPECT_EQ(put.errors, 0u);
   const v1::GetStatsResponse s = Stats();
   EXPECT_EQ(s.disk_spill_refused(), 0u);
@@ -434,21 +445,16 @@ TEST_F(DiskFullTest, HotBlocksThatPinTheirBlobFilesDoNotFillTheVolume) {
   };
   Tally put, hot_reads;
   PutPrompts(0, 40, &put);
-  std::string not_ok;
-  uint64_t least_free = kVolumeBytes, most_database = 0;
+  ChurnWatch watch;
   for (uint32_t first = 40; first < prompts; first += 10) {
     read_hot(&hot_reads);
     PutPrompts(first, 10, &put);
     ASSERT_TRUE(server_->Running()) << ServerLog();
-    const v1::TierInfo disk = DiskInfo();
-    least_free = std::min<uint64_t>(least_free, disk.volume_free_bytes());
-    most_database = std::max<uint64_t>(most_database, Stats().disk_database_bytes());
-    if (disk.state() != "ok" && not_ok.empty()) {
-      not_ok = absl::StrCat(disk.state(), " after ", first + 10, " of ", prompts, " prompts: ", disk.state_reason());
-    }
+    Watch(first + 10, prompts, &watch);
     absl::SleepFor(absl::Milliseconds(20));  // lets the probe (every second) see the growth
   }
-  EXPECT_EQ(not_ok, "") << ServerLog();
+  EXPECT_EQ(watch.not_ok, "") << ServerLog();
+  const uint64_t least_free = watch.least_free, most_database = watch.most_database;
   EXPECT_EQ(put.errors, 0u);
   EXPECT_EQ(hot_reads.wrong, 0u);
   EXPECT_GT(hot_reads.hits, hot_reads.misses) << "the hot blocks should stay on disk";
