@@ -6,8 +6,9 @@ mutual TLS (a certificate for the name kvtier.kvtier.test only, so clients diall
 tls_server_name) and tenant tokens; the members are found through DNS (dnsmasq on a high loopback port,
 as tests/integration/dns_membership_test.cc runs it). The adapters get everything from their extra
 config: members_dns, dns_server, the TLS files, tls_server_name, auth_token_file, transport "ucx" and
-replication_factor 2. Servers with tokens offer no UCX leases (docs/architecture.md "UCX data plane"),
-so gets lease over gRPC and move their bytes over UCX.
+replication_factor 2. Each UCX endpoint presents a session ticket the client got over its TLS
+channel with its token (docs/architecture.md "Security"), so gets lease over UCX too and move their
+bytes there.
 
 Each test writes prompts through one engine, waits until every block has its two copies, then reads
 them through a second engine and SIGKILLs one server just before the loads of a step begin. What must
