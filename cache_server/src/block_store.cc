@@ -135,7 +135,8 @@ uint64_t BlockStore::DiskBudget() const {
 void BlockStore::ProbeDisk() {
   if (disk_ == nullptr) return;
   std::lock_guard<std::mutex> lock(mu_);
-  const bool reopened = disk_->Probe(stats_.disk_bytes.load(std::memory_order_relaxed));
+  disk_->NoteLogicalBytes(stats_.disk_bytes.load(std::memory_order_relaxed));  // 0 included: all garbage
+  const bool reopened = disk_->Probe();
   // The volume may have been resized: the budget follows it.
   if (const uint64_t budget = DiskBudget(); budget != disk_capacity_.load(std::memory_order_relaxed)) {
     KVTIER_LOG(warn, "disk tier at {}: the disk budget in force is now {} bytes (was {}; the volume is {} bytes)",

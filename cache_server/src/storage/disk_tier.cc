@@ -140,10 +140,11 @@ class ForwardingLogger : public rocksdb::Logger {
 // blob file): the writes that follow fail too, and the tier's state says so.
 class BackgroundErrorListener : public rocksdb::EventListener {
  public:
-  BackgroundErrorListener(std::string path, std::atomic<uint64_t>* counter)
-      : path_(std::move(path)), counter_(counter) {}
+  BackgroundErrorListener(std::string path, std::atomic<uint64_t>* counter, std::atomic<bool>* damaged)
+      : path_(std::move(path)), counter_(counter), damaged_(damaged) {}
   void OnBackgroundError(rocksdb::BackgroundErrorReason reason, rocksdb::Status* error) override {
     counter_->fetch_add(1, std::memory_order_relaxed);
+    if (error != nullptr && error->IsCorruption()) damaged_->store(true, std::memory_order_relaxed);
     const char* what = reason == rocksdb::BackgroundErrorReason::kFlush        ? "a flush"
                        : reason == rocksdb::BackgroundErrorReason::kCompaction ? "a compaction"
                                                                                : "a background write";
@@ -154,6 +155,7 @@ class BackgroundErrorListener : public rocksdb::EventListener {
  private:
   const std::string path_;
   std::atomic<uint64_t>* const counter_;
+  std::atomic<bool>* const damaged_;
 };
 
 // statvfs of `path`, or of its nearest existing parent. False when none can be read.
@@ -220,8 +222,6 @@ std::unique_ptr<DiskTier> DiskTier::OpenOrDegrade(const DiskTierOptions& options
   auto tier = std::unique_ptr<DiskTier>(new DiskTier(options));
   uint64_t total = 0, avail = 0;
   if (VolumeOf(options.path, &total, &avail)) tier->free_bytes_.store(avail, std::memory_order_relaxed);
-  // Write buffers of 1/32 of the volume (1..64 MiB): a flush stays small beside the floor.
-  tier->write_buffer_bytes_ = std::clamp<uint64_t>(total / 32, kMiB, 64 * kMiB);
   std::lock_guard<std::mutex> lock(tier->mu_);
   tier->SizeForVolumeLocked(total);
   tier->OpenLocked();
@@ -230,12 +230,26 @@ std::unique_ptr<DiskTier> DiskTier::OpenOrDegrade(const DiskTierOptions& options
 
 void DiskTier::SizeForVolumeLocked(uint64_t total) {
   volume_bytes_.store(total, std::memory_order_relaxed);
+  // Write buffers (and blob files) of 1/32 of the volume (1..64 MiB): a flush stays small beside the
+  // floor. Both are changeable on an open database, so a resized volume resizes them too.
+  write_buffer_bytes_ = std::clamp<uint64_t>(total / 32, kMiB, 64 * kMiB);
+  if (impl_ != nullptr && !read_only_open_) {
+    const std::string wb = std::to_string(write_buffer_bytes_);
+    const rocksdb::Status b = impl_->db->SetOptions(impl_->blocks, {{"write_buffer_size", wb}, {"blob_file_size", wb}});
+    const rocksdb::Status m = impl_->db->SetOptions(
+        impl_->meta, {{"write_buffer_size", std::to_string(std::min<uint64_t>(write_buffer_bytes_, 4 * kMiB))}});
+    if (!b.ok() || !m.ok()) {
+      KVTIER_LOG(warn, "disk tier at {}: resizing the write buffers failed: {} {}", options_.path, b.ToString(),
+                 m.ToString());
+    }
+  }
   const uint64_t floor = options_.min_free_bytes > 0
                              ? options_.min_free_bytes
                              : std::max<uint64_t>(4 * write_buffer_bytes_, std::min<uint64_t>(total / 8, 1024 * kMiB));
   min_free_bytes_.store(floor, std::memory_order_relaxed);
   if (impl_ != nullptr && impl_->files != nullptr && total > 0) {
     impl_->files->SetMaxAllowedSpaceUsage(total - std::min(total, floor / 2));
+    impl_->files->SetCompactionBufferSize(floor / 4);
   }
 }
 
@@ -249,6 +263,15 @@ bool DiskTier::RefreshFree() {
   if (!VolumeOf(options_.path, &total, &avail)) return false;
   free_bytes_.store(avail, std::memory_order_relaxed);
   return true;
+}
+
+void DiskTier::DeleteDatabaseFilesLocked() {
+  std::error_code ec;
+  for (const auto& f : std::filesystem::directory_iterator(options_.path, ec)) {
+    std::error_code rm_ec;
+    std::filesystem::remove_all(f.path(), rm_ec);
+  }
+  pending_deletes_.clear();  // nothing left to delete
 }
 
 uint64_t DiskTier::DirectoryBytes() const {
@@ -331,7 +354,8 @@ void DiskTier::OpenLocked() {
   db_options.max_background_jobs = 2;
   db_options.atomic_flush = true;                 // writes skip the WAL (NoWal): a block and its record flush together
   db_options.avoid_flush_during_recovery = true;  // an open writes nothing it need not
-  db_options.listeners.push_back(std::make_shared<BackgroundErrorListener>(options_.path, &errors_.background));
+  db_options.listeners.push_back(
+      std::make_shared<BackgroundErrorListener>(options_.path, &errors_.background, &damaged_));
   if (options_.info_log_dir.empty()) {
     db_options.info_log = std::make_shared<ForwardingLogger>();
   } else {
@@ -365,7 +389,9 @@ void DiskTier::OpenLocked() {
         // RocksDB stops writing (a background error, not ENOSPC) before the database takes the volume
         // past half the floor; compactions need room for their output.
         impl->files->SetMaxAllowedSpaceUsage(volume - std::min(volume, floor / 2));
-        impl->files->SetCompactionBufferSize(2 * write_buffer_bytes_);
+        // Compactions need this much free beside their input; a quarter of the floor is always there
+        // while the floor holds, so the compactions that free garbage on a full volume still run.
+        impl->files->SetCompactionBufferSize(floor / 4);
         o.sst_file_manager = impl->files;
       }
     }
@@ -417,13 +443,7 @@ void DiskTier::OpenLocked() {
                  "it and starting the disk tier empty (its blocks are lost, the server goes on)",
                  options_.path, s.ToString(), Mib(own), what);
       impl.reset();
-      rocksdb::Options destroy_options(db_options, rocksdb::ColumnFamilyOptions());
-      (void)rocksdb::DestroyDB(options_.path, destroy_options, cfs);
-      std::error_code ec;
-      for (const auto& f : std::filesystem::directory_iterator(options_.path, ec)) {
-        std::error_code rm_ec;
-        std::filesystem::remove_all(f.path(), rm_ec);
-      }
+      DeleteDatabaseFilesLocked();
       s = open(/*read_only=*/false);
       if (!s.ok()) why = s.ToString();
     }
@@ -474,7 +494,8 @@ std::string DiskTier::reason() const {
 
 uint64_t DiskTier::database_bytes() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return impl_ != nullptr && impl_->files != nullptr ? impl_->files->GetTotalSize() : 0;
+  if (impl_ != nullptr && impl_->files != nullptr) return impl_->files->GetTotalSize();
+  return impl_ != nullptr ? DirectoryBytes() : 0;  // read-only: no SstFileManager, count the files
 }
 
 void DiskTier::OnIoErrorLocked(const char* op, std::atomic<uint64_t>& counter, const absl::Status& s, bool write) {
@@ -482,6 +503,7 @@ void DiskTier::OnIoErrorLocked(const char* op, std::atomic<uint64_t>& counter, c
   KVTIER_LOG_EVERY(std::chrono::seconds(10), err, "disk tier: {} at {} failed: {}", op, options_.path,
                    std::string(s.message()));
   if (!write) return;
+  if (absl::IsDataLoss(s)) damaged_.store(true, std::memory_order_relaxed);  // the probe starts it anew
   const bool no_space = absl::StrContains(s.message(), "space") || absl::StrContains(s.message(), "Space");
   if (RefreshFree() && volume_bytes() > 0 && (no_space || free_bytes() < min_free_bytes())) {
     SetStateLocked(DiskTierState::kFull,
@@ -535,7 +557,7 @@ void DiskTier::SetGarbageCollectionLocked(bool on) {
 
 void DiskTier::CheckGarbageLocked() {
   const uint64_t logical_bytes = logical_bytes_.load(std::memory_order_relaxed);
-  if (impl_ == nullptr || impl_->files == nullptr || logical_bytes == 0) return;
+  if (impl_ == nullptr || impl_->files == nullptr || !logical_known_.load(std::memory_order_relaxed)) return;
   const uint64_t files = impl_->files->GetTotalSize();
   const bool on = collecting_.load(std::memory_order_relaxed);
   if (!on && 2 * files > 3 * logical_bytes && files > 2 * write_buffer_bytes_) {
@@ -551,7 +573,7 @@ void DiskTier::CheckGarbageLocked() {
 
 bool DiskTier::Probe(uint64_t logical_bytes) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (logical_bytes > 0) logical_bytes_.store(logical_bytes, std::memory_order_relaxed);
+  if (logical_bytes > 0) NoteLogicalBytes(logical_bytes);
   const auto now = std::chrono::steady_clock::now();
   uint64_t total = 0, avail = 0;
   const bool have_free = VolumeOf(options_.path, &total, &avail) && total > 0;
@@ -569,7 +591,38 @@ bool DiskTier::Probe(uint64_t logical_bytes) {
     }
   }
   const uint64_t floor = min_free_bytes();
+  if (damaged_.load(std::memory_order_relaxed) && impl_ != nullptr) {
+    // RocksDB found one of its files damaged (a blob or SST failing its CRC in a compaction, a write):
+    // every compaction that reads it fails again, so the tier would stay read-only. It is a cache:
+    // start it empty.
+    errors_.recreated.fetch_add(1, std::memory_order_relaxed);
+    KVTIER_LOG(err,
+               "disk tier at {}: the database has a damaged file ({}); deleting it and starting the disk tier "
+               "empty (its blocks are lost, the server goes on)",
+               options_.path, reason_);
+    CloseLocked();
+    DeleteDatabaseFilesLocked();
+    damaged_.store(false, std::memory_order_relaxed);
+    OpenLocked();
+    return impl_ != nullptr && !read_only_open_;
+  }
   const DiskTierState st = state();
+  // Write buffers that waited flush_interval go to disk, so that a kill loses no more than that; on a
+  // full volume the flush carries the deletes (tombstones) whose compaction frees the blob files.
+  if ((st == DiskTierState::kOk || st == DiskTierState::kFull) && impl_ != nullptr && !read_only_open_ &&
+      (st == DiskTierState::kFull || now - last_flush_ >= options_.flush_interval)) {
+    uint64_t unflushed = 0, unflushed_meta = 0;
+    impl_->db->GetIntProperty(impl_->blocks, rocksdb::DB::Properties::kNumEntriesActiveMemTable, &unflushed);
+    impl_->db->GetIntProperty(impl_->meta, rocksdb::DB::Properties::kNumEntriesActiveMemTable, &unflushed_meta);
+    if (unflushed + unflushed_meta > 0) {
+      rocksdb::FlushOptions fo;
+      fo.wait = false;
+      fo.allow_write_stall = true;
+      (void)impl_->db->Flush(fo, impl_->handles);
+    }
+    last_flush_ = now;
+  }
+  if (st == DiskTierState::kOk || st == DiskTierState::kFull) CheckGarbageLocked();
   if (st == DiskTierState::kOk) {
     if (have_free && avail < floor) {
       SetStateLocked(DiskTierState::kFull,
@@ -579,23 +632,12 @@ bool DiskTier::Probe(uint64_t logical_bytes) {
     if (recovery_backoff_.count() > 0 && now - recovered_at_ > std::chrono::minutes(5)) {
       recovery_backoff_ = std::chrono::milliseconds(0);  // the last recovery held
     }
-    CheckGarbageLocked();
-    // Write buffers that waited flush_interval go to disk, so that a kill loses no more than that.
-    if (impl_ != nullptr && now - last_flush_ >= options_.flush_interval) {
-      uint64_t unflushed = 0;
-      if (impl_->db->GetIntProperty(impl_->blocks, rocksdb::DB::Properties::kNumEntriesActiveMemTable, &unflushed) &&
-          unflushed > 0) {
-        rocksdb::FlushOptions fo;
-        fo.wait = false;
-        fo.allow_write_stall = true;
-        (void)impl_->db->Flush(fo, impl_->handles);
-      }
-      last_flush_ = now;
-    }
     return false;
   }
   if (st == DiskTierState::kFull && have_free) {  // keep the reason's figure current
-    reason_ = absl::StrCat(Mib(avail), " free on the volume, under the floor of ", Mib(floor));
+    reason_ = avail < floor ? absl::StrCat(Mib(avail), " free on the volume, under the floor of ", Mib(floor))
+                            : absl::StrCat(Mib(avail), " free on the volume; writes resume at 1.5x the floor (",
+                                           Mib(floor + floor / 2), ")");
   }
   if (have_free && avail < floor + floor / 2) return false;  // not yet
   if (now < next_recovery_) return false;                    // backing off: the last recovery did not hold

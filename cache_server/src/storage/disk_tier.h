@@ -135,7 +135,10 @@ class DiskTier {
   bool Probe(uint64_t logical_bytes = 0);
   // The blocks' bytes on disk as the caller counts them (see Probe); Put checks the garbage against it
   // every 16 writes, so that a fast spill rate cannot outrun the probe.
-  void NoteLogicalBytes(uint64_t bytes) { logical_bytes_.store(bytes, std::memory_order_relaxed); }
+  void NoteLogicalBytes(uint64_t bytes) {
+    logical_bytes_.store(bytes, std::memory_order_relaxed);
+    logical_known_.store(true, std::memory_order_relaxed);
+  }
   // True while blob garbage collection is on (see Probe).
   bool collecting_garbage() const { return collecting_.load(std::memory_order_relaxed); }
   // The most the disk budget may be on this volume: (volume - floor) / 2, so that blob garbage not yet
@@ -163,9 +166,11 @@ class DiskTier {
   // reference (left by a killed process, deleted by RocksDB only after a read-write open). Returns the
   // bytes deleted. Needs mu_, with impl_ closed.
   uint64_t DeleteObsoleteFilesLocked();
+  // Deletes every file of the database at options_.path (impl_ closed). Needs mu_.
+  void DeleteDatabaseFilesLocked();
   // Bytes of the files in options_.path.
   uint64_t DirectoryBytes() const;
-  // The floor and RocksDB's cap for a volume of `total` bytes. Needs mu_ (or construction).
+  // The write buffers, the floor and RocksDB's cap for a volume of `total` bytes. Needs mu_.
   void SizeForVolumeLocked(uint64_t total);
   // Turns garbage collection on past 1.5x the logical bytes, off under 1.25x (see Probe). Needs mu_.
   void CheckGarbageLocked();
@@ -183,11 +188,13 @@ class DiskTier {
   DiskTierOptions options_;
   std::atomic<uint64_t> volume_bytes_{0};
   std::atomic<uint64_t> min_free_bytes_{0};
-  uint64_t write_buffer_bytes_ = 0;  // set at construction: a resized volume keeps it until a reopen
+  uint64_t write_buffer_bytes_ = 0;   // guarded by mu_; follows the volume (SizeForVolumeLocked)
+  std::atomic<bool> damaged_{false};  // RocksDB reported a damaged file: the probe starts the tier anew
   std::atomic<uint64_t> free_bytes_{0};
   std::atomic<DiskTierState> state_{DiskTierState::kOff};
   std::atomic<bool> collecting_{false};     // blob garbage collection on (set under mu_)
   std::atomic<uint64_t> logical_bytes_{0};  // NoteLogicalBytes / Probe
+  std::atomic<bool> logical_known_{false};  // logical_bytes_ was ever given
   uint32_t puts_since_check_ = 0;           // guarded by mu_
   DiskErrorCounters errors_;
   mutable std::mutex mu_;

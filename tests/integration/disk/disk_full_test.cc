@@ -576,5 +576,78 @@ TEST_F(DiskFullTest, AVolumeGrownWhileRunningRaisesTheBudget) {
   EXPECT_EQ(DiskInfo().state(), "ok") << DiskInfo().state_reason();
 }
 
+// (i) The volume shrinks under a full disk tier (tmpfs remounted from 128 to 72 MiB): the budget drops,
+// the disk evicts down to it, and the deletes' garbage is collected even while the tier writes nothing
+// (the probe flushes them), so the tier is ok again by itself; the write buffers, and with them the
+// default floor, follow the new size.
+TEST_F(DiskFullTest, AVolumeShrunkUnderAFullTierRecoversByItself) {
+  ASSERT_EQ(mount("tmpfs", mount_.c_str(), "tmpfs", MS_REMOUNT | MS_NOSUID | MS_NODEV, "size=128m,mode=0700"), 0)
+      << strerror(errno);
+  StartServer();
+  Tally put;
+  PutPrompts(0, 120, &put);  // 75 MiB through a 56 MiB budget
+  ASSERT_EQ(put.errors, 0u);
+  ASSERT_EQ(mount("tmpfs", mount_.c_str(), "tmpfs", MS_REMOUNT | MS_NOSUID | MS_NODEV, "size=72m,mode=0700"), 0)
+      << strerror(errno);
+  const absl::Time shrunk = absl::Now();
+  bool ok_again = false;
+  for (uint32_t first = 1000; absl::Now() - shrunk < absl::Seconds(60) && !ok_again; first += 5) {
+    PutPrompts(first, 5, &put);
+    ASSERT_TRUE(server_->Running()) << ServerLog();
+    ok_again = absl::Now() - shrunk > absl::Seconds(3) && DiskInfo().state() == "ok";
+    absl::SleepFor(absl::Milliseconds(500));
+  }
+  const v1::TierInfo disk = DiskInfo();
+  std::fprintf(stderr, "volume 128 -> 72 MiB under a full tier: %s after %.1f s; floor %.1f MiB, budget %.1f MiB\n",
+               disk.state().c_str(), absl::ToDoubleSeconds(absl::Now() - shrunk),
+               static_cast<double>(disk.min_free_bytes()) / kMiB,
+               static_cast<double>(Stats().disk_capacity_bytes()) / kMiB);
+  EXPECT_TRUE(ok_again) << disk.state() << ": " << disk.state_reason() << "\n" << ServerLog();
+  EXPECT_EQ(disk.min_free_bytes(), 72 * kMiB / 8);
+  EXPECT_EQ(Stats().disk_capacity_bytes(), (72 * kMiB - 72 * kMiB / 8) / 2);
+  EXPECT_EQ(put.errors, 0u);
+}
+
+// (j) A file of the database damaged on disk fails every compaction that reads it (RocksDB's CRC),
+// which would leave the tier read-only for good: the server starts the tier empty instead, and spills
+// again. No damaged byte is ever served.
+TEST_F(DiskFullTest, ADamagedDatabaseFileStartsTheTierEmptyInsteadOfLeavingItReadOnly) {
+  StartServer();
+  Tally put;
+  PutPrompts(0, 40, &put);
+  server_->KillAndWait(SIGTERM);  // flushes: every spilled block is in a blob file
+  // Damage the data blocks of every SST (keys and blob references; the footer stays readable): the
+  // next compaction reads them and fails its CRC.
+  uint32_t damaged = 0;
+  for (const auto& f : std::filesystem::directory_iterator(mount_ + "/db")) {
+    if (f.path().extension() != ".sst" || f.file_size() < 4096) continue;
+    std::fstream io(f.path(), std::ios::in | std::ios::out | std::ios::binary);
+    io.seekp(static_cast<std::streamoff>(f.file_size() / 8));
+    const std::string junk(256, '\x5a');
+    io.write(junk.data(), static_cast<std::streamsize>(junk.size()));
+    ++damaged;
+  }
+  ASSERT_GT(damaged, 0u);
+  StartServer();
+  Tally churn, got;
+  bool recreated = false;
+  const absl::Time restarted = absl::Now();
+  for (uint32_t first = 100; absl::Now() - restarted < absl::Seconds(20) && !recreated; first += 20) {
+    PutPrompts(first, 20, &churn);
+    GetPrompts(0, 40, &got);  // the damaged blocks: a miss or the right bytes, never wrong ones
+    ASSERT_TRUE(server_->Running()) << ServerLog();
+    recreated = Metric("kvtier_disk_recreated_total") >= 1;
+  }
+  EXPECT_TRUE(recreated) << DiskInfo().state() << ": " << DiskInfo().state_reason() << "\n" << ServerLog();
+  EXPECT_TRUE(WaitForState("ok", absl::Seconds(10))) << DiskInfo().state() << ": " << DiskInfo().state_reason();
+  EXPECT_EQ(got.wrong, 0u);
+  EXPECT_EQ(churn.errors, 0u);
+  Tally more;
+  PutPrompts(1000, 20, &more);
+  EXPECT_GT(Stats().disk_blocks(), 0u) << "nothing spilled to the new database";
+  std::fprintf(stderr, "%u damaged SST files: tier started empty, %llu checksum failures counted, 0 wrong bytes\n",
+               damaged, static_cast<unsigned long long>(Stats().disk_checksum_failures()));
+}
+
 }  // namespace
 }  // namespace kvtier
