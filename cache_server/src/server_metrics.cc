@@ -84,6 +84,19 @@ class StoreCollectable final : public prometheus::Collectable {
     Add(transfer_errors, static_cast<double>(metrics_.transfer_errors(D::kWrite)), {{"direction", "write"}});
     out.push_back(std::move(transfer_errors));
 
+    auto pending_resets = Family("kvtier_ucx_pending_connections_reset_total",
+                                 "Connections to the UCX port that never became a connection request (garbage "
+                                 "or silence), reset for their age or beyond the per-host limit.",
+                                 MetricType::Counter);
+    Add(pending_resets, static_cast<double>(metrics_.pending_resets_timeout()), {{"reason", "timeout"}});
+    Add(pending_resets, static_cast<double>(metrics_.pending_resets_limit()), {{"reason", "per_host_limit"}});
+    out.push_back(std::move(pending_resets));
+    auto pending =
+        Family("kvtier_ucx_pending_connections",
+               "Connections to the UCX port not yet a connection request, at the last sweep.", MetricType::Gauge);
+    Add(pending, static_cast<double>(metrics_.pending_connections()));
+    out.push_back(std::move(pending));
+
     auto committed =
         Family("kvtier_committed_blocks_total", "Blocks made visible by a verified commit.", MetricType::Counter);
     Add(committed, v(s.committed_blocks));

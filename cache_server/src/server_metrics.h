@@ -57,6 +57,18 @@ class ServerMetrics {
     return transfer_errors_[static_cast<int>(d)].load(std::memory_order_relaxed);
   }
 
+  // UCX listener connections that never became a connection request (garbage or silence), reset by the
+  // UCX server (PendingConnectionReaper): kvtier_ucx_pending_connections_reset_total{reason="timeout"|
+  // "per_host_limit"}; and how many were pending at the last sweep (kvtier_ucx_pending_connections).
+  void CountPendingConnectionResets(uint64_t timed_out, uint64_t over_limit) {
+    pending_resets_timeout_.fetch_add(timed_out, std::memory_order_relaxed);
+    pending_resets_limit_.fetch_add(over_limit, std::memory_order_relaxed);
+  }
+  void SetPendingConnections(uint64_t n) { pending_connections_.store(n, std::memory_order_relaxed); }
+  uint64_t pending_resets_timeout() const { return pending_resets_timeout_.load(std::memory_order_relaxed); }
+  uint64_t pending_resets_limit() const { return pending_resets_limit_.load(std::memory_order_relaxed); }
+  uint64_t pending_connections() const { return pending_connections_.load(std::memory_order_relaxed); }
+
   // Shadow namespaces (docs/config.md): keys asked of Lookup, those present (answered absent: would-be
   // hits), and keys asked of Read (all answered absent). kvtier_shadow_lookup_blocks_total{result},
   // kvtier_shadow_read_blocks_total.
@@ -93,6 +105,9 @@ class ServerMetrics {
   std::atomic<uint64_t> permission_rejections_{0};
   std::atomic<uint64_t> transfer_bytes_[2][2] = {};  // [direction][transport]
   std::atomic<uint64_t> transfer_errors_[2] = {};    // [direction], UCX only
+  std::atomic<uint64_t> pending_resets_timeout_{0};
+  std::atomic<uint64_t> pending_resets_limit_{0};
+  std::atomic<uint64_t> pending_connections_{0};
   std::atomic<uint64_t> shadow_lookup_blocks_{0};
   std::atomic<uint64_t> shadow_hit_blocks_{0};
   std::atomic<uint64_t> shadow_read_blocks_{0};

@@ -271,7 +271,9 @@ const std::map<std::string, std::map<std::string, Setter>>& Schema() {
        {{"listen_address", String(&ServerOptions::ucx_listen_address)},
         {"transports", String(&ServerOptions::ucx_transports)},
         {"transfer_timeout", Duration(&ServerOptions::ucx_transfer_timeout)},
-        {"session_ttl", Duration(&ServerOptions::ucx_session_ttl)}}},
+        {"session_ttl", Duration(&ServerOptions::ucx_session_ttl)},
+        {"pending_connection_timeout", Duration(&ServerOptions::ucx_pending_connection_timeout)},
+        {"max_pending_connections_per_host", Count(&ServerOptions::ucx_max_pending_connections_per_host)}}},
       {"events",
        {{"enabled", Bool(&ServerOptions::events_enabled)},
         {"pub_endpoint", String(&ServerOptions::events_pub_endpoint)},
@@ -341,6 +343,10 @@ absl::Status ServerOptions::Validate() const {
   if (ucx_session_ttl < absl::Seconds(1) || ucx_session_ttl > absl::Hours(24)) {
     return Bad("ucx.session_ttl", "must be in [1s, 24h]");
   }
+  if (ucx_pending_connection_timeout < absl::Milliseconds(100) || ucx_pending_connection_timeout > absl::Hours(1)) {
+    return Bad("ucx.pending_connection_timeout", "must be in [100ms, 1h]");
+  }
+  if (ucx_max_pending_connections_per_host < 1) return Bad("ucx.max_pending_connections_per_host", "must be >= 1");
   if (!ucx_listen_address.empty() && !ucx_transports.empty()) {
     const std::vector<std::string> tls = absl::StrSplit(ucx_transports, ',');
     if (std::find(tls.begin(), tls.end(), "tcp") == tls.end()) {

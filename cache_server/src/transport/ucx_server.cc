@@ -5,15 +5,19 @@
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <sys/random.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <ucp/api/ucp.h>
+#include <ucs/config/global_opts.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <optional>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -26,6 +30,7 @@
 #include "kvtier/wire/ucx_log.h"
 #include "kvtier/wire/ucx_messages.h"
 #include "server_metrics.h"
+#include "transport/ucx_pending_connections.h"
 #include "transport/ucx_sessions.h"
 
 namespace kvtier::server {
@@ -49,6 +54,32 @@ constexpr absl::Duration kRefusedLinger = absl::Milliseconds(500);
 // With tickets required: an endpoint that has not proven one this long after it connected is closed,
 // so that peers that connect and stay silent cannot hold endpoints open.
 constexpr absl::Duration kHelloTimeout = absl::Seconds(10);
+// How often the listener's pending connections are swept (PendingConnectionReaper).
+constexpr absl::Duration kPendingSweepInterval = absl::Seconds(1);
+// UCX's async handler slots (UCX_ASYNC_MAX_EVENTS, 1024 by default): one per connection of its
+// connection manager. Raised to the descriptor limit, up to this.
+constexpr uint64_t kMaxAsyncEvents = 65536;
+
+// Lets UCX watch as many connections as the process may open: its default of 1024 async handler
+// slots is the first limit a flood of connections hits. Never lowers a value the operator set higher.
+// Runs before the first ucp_init.
+void RaiseUcxAsyncEvents() {
+  rlimit lim{};
+  if (getrlimit(RLIMIT_NOFILE, &lim) != 0) return;
+  if (lim.rlim_cur < lim.rlim_max) {  // the soft limit up to the hard one
+    lim.rlim_cur = lim.rlim_max;
+    (void)setrlimit(RLIMIT_NOFILE, &lim);
+    (void)getrlimit(RLIMIT_NOFILE, &lim);
+  }
+  const uint64_t want = std::min<uint64_t>(kMaxAsyncEvents, lim.rlim_cur);
+  char current[32] = {};
+  uint64_t have = 0;
+  if (ucs_global_opts_get_value("ASYNC_MAX_EVENTS", current, sizeof(current)) == UCS_OK &&
+      absl::SimpleAtoi(current, &have) && have >= want) {
+    return;
+  }
+  (void)ucs_global_opts_set_value("ASYNC_MAX_EVENTS", std::to_string(want).c_str());
+}
 
 absl::StatusOr<sockaddr_storage> ResolveIpv4(const std::string& host_port) {
   const size_t colon = host_port.rfind(':');
@@ -151,6 +182,11 @@ struct UcxServer::Impl {
   absl::flat_hash_map<EpId, EpSession> sessions_of;
   std::vector<std::pair<EpId, absl::Time>> refused;   // closed at that time (kRefusedLinger)
   std::vector<std::pair<EpId, absl::Time>> unproven;  // closed at that time unless in sessions_of
+  // Connections of the listener UCX never delivered as a connection request; peer_of: ip:port of each
+  // endpoint's connection, admitted to the reaper until the endpoint closes.
+  std::optional<PendingConnectionReaper> reaper;
+  absl::flat_hash_map<EpId, std::string> peer_of;
+  absl::Time next_pending_sweep;
 
   ~Impl() {
     if (wake_fd >= 0) close(wake_fd);
@@ -160,6 +196,9 @@ struct UcxServer::Impl {
 
   absl::Status Init() {
     wire::ucx::InstallCmaFailureHandler();  // should a cma copy with a client that died fail here too
+    RaiseUcxAsyncEvents();
+    reaper.emplace(PendingConnectionReaper::Options{.timeout = options.pending_connection_timeout,
+                                                    .max_per_host = options.max_pending_connections_per_host});
     auto addr = ResolveIpv4(options.listen_address);
     if (!addr.ok()) return addr.status();
     ucp_config_t* config = nullptr;
@@ -240,6 +279,7 @@ struct UcxServer::Impl {
       return absl::UnavailableError(absl::StrCat("ucp_listener_query: ", ucs_status_string(st)));
     }
     port = ntohs(reinterpret_cast<const sockaddr_in*>(&la.sockaddr)->sin_port);
+    reaper->set_listen_port(port);
     return absl::OkStatus();
   }
 
@@ -326,6 +366,19 @@ struct UcxServer::Impl {
       to_close.clear();
     }
     const absl::Time now = absl::Now();
+    if (now >= next_pending_sweep) {
+      next_pending_sweep = now + kPendingSweepInterval;
+      const PendingConnectionReaper::SweepResult swept = reaper->Sweep(now);
+      metrics->SetPendingConnections(swept.pending - swept.timed_out - swept.over_limit);
+      if (swept.timed_out + swept.over_limit > 0) {
+        metrics->CountPendingConnectionResets(swept.timed_out, swept.over_limit);
+        KVTIER_LOG_EVERY(std::chrono::seconds(10), warn,
+                         "kvtier-server: reset {} connections to the UCX port that sent no valid connection request "
+                         "within {} and {} beyond {} pending from one host",
+                         swept.timed_out, absl::FormatDuration(options.pending_connection_timeout), swept.over_limit,
+                         options.max_pending_connections_per_host);
+      }
+    }
     for (size_t i = 0; i < unproven.size();) {
       if (unproven[i].second <= now) {
         if (!sessions_of.contains(unproven[i].first)) CloseEp(unproven[i].first);
@@ -406,6 +459,10 @@ struct UcxServer::Impl {
     eps.erase(it);
     ep_ids.erase(ep);
     sessions_of.erase(id);
+    if (auto peer = peer_of.find(id); peer != peer_of.end()) {
+      reaper->Release(peer->second);
+      peer_of.erase(peer);
+    }
     const absl::Time now = absl::Now();
     std::vector<Op*> receives;
     for (Op* op : inflight) {
@@ -451,10 +508,20 @@ struct UcxServer::Impl {
     ep.err_handler.cb = &Impl::OnEpError;
     ep.err_handler.arg = self;
     ucp_ep_h handle = nullptr;
+    ucp_conn_request_attr_t attr{};
+    attr.field_mask = UCP_CONN_REQUEST_ATTR_FIELD_CLIENT_ADDR;
+    const std::string peer =
+        ucp_conn_request_query(conn_request, &attr) == UCS_OK
+            ? PendingConnectionReaper::PeerKey(reinterpret_cast<const sockaddr*>(&attr.client_address))
+            : std::string();
     if (ucp_ep_create(self->worker, &ep, &handle) == UCS_OK) {
       const EpId id = self->next_ep++;
       self->eps[id] = handle;
       self->ep_ids[handle] = id;
+      if (!peer.empty()) {
+        self->reaper->Admit(peer);
+        self->peer_of[id] = peer;
+      }
       if (self->TicketsRequired()) self->unproven.push_back({id, absl::Now() + kHelloTimeout});
     } else {
       ucp_listener_reject(self->listener, conn_request);

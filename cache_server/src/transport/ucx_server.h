@@ -24,6 +24,10 @@ struct UcxServerOptions {
   // A send or receive unfinished after this is cancelled and its pin dropped; sooner when the lease
   // or reservation it pins expires first.
   absl::Duration transfer_timeout = absl::Seconds(10);
+  // Connections to the listener port that UCX never turned into a connection request are reset after
+  // this, and a host's oldest beyond the limit at once (PendingConnectionReaper).
+  absl::Duration pending_connection_timeout = absl::Seconds(10);
+  uint64_t max_pending_connections_per_host = 64;
   // Takes a lease for a client's kLease as `who` (the endpoint's principal: an admin when tickets are
   // not required), a serialized v1::ReadRequest in, a serialized v1::ReadResponse out, or an error
   // (PERMISSION_DENIED for a namespace of another tenant), on the progress thread. Empty: the server

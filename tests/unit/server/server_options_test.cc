@@ -145,6 +145,18 @@ TEST(ServerConfigTest, UcxTransportsMustIncludeTheTcpListener) {
   EXPECT_OK(o->Validate());
 }
 
+TEST(ServerConfigTest, UcxPendingConnectionLimitsAreBounded) {
+  ExpectErrorNames("server: {node_id: a}\nucx: {pending_connection_timeout: 10ms}\n", "ucx.pending_connection_timeout");
+  ExpectErrorNames("server: {node_id: a}\nucx: {max_pending_connections_per_host: 0}\n",
+                   "ucx.max_pending_connections_per_host");
+  auto o = ParseServerConfig(
+      "server: {node_id: a}\nucx: {pending_connection_timeout: 3s, max_pending_connections_per_host: 8}\n");
+  ASSERT_OK(o);
+  EXPECT_OK(o->Validate());
+  EXPECT_EQ(o->ucx_pending_connection_timeout, absl::Seconds(3));
+  EXPECT_EQ(o->ucx_max_pending_connections_per_host, 8u);
+}
+
 TEST(ServerConfigTest, MetricsAddressIsIpv4OrAHostName) {
   ExpectErrorNames("server: {node_id: a, metrics_address: \"[::1]:0\"}\n", "server.metrics_address");
 }

@@ -88,6 +88,11 @@ struct ServerOptions {
       absl::Seconds(10);  // a UCX send or receive still unfinished after
                           // this is cancelled (its endpoint closed) and its pin dropped;
                           // sooner when the lease or reservation it pins expires first
+  // A connection to the UCX port that has not become a UCX connection request after this (a peer that
+  // sent garbage or nothing) is reset; so are the oldest of one host's beyond the limit
+  // (PendingConnectionReaper, docs/architecture.md "Security").
+  absl::Duration ucx_pending_connection_timeout = absl::Seconds(10);
+  uint64_t ucx_max_pending_connections_per_host = 64;
 
   // KV events (docs/events.md): BlockStored/BlockRemoved/BlockMoved/AllBlocksCleared on a ZeroMQ PUB
   // socket; Replay and Snapshot over gRPC (kvtier.v1.EventService on listen_address). Off by default.
