@@ -101,23 +101,39 @@ grpc::Status CacheServiceImpl::Allocate(grpc::ServerContext* ctx, const v1::Allo
   const absl::Time start = absl::Now();
   auto p = Parse(*ctx, req->namespace_(), req->keys());
   if (!p.ok()) return Finish("Allocate", start, wire::ToGrpc(p.status()));
-  if (req->depths_size() != 0 && static_cast<size_t>(req->depths_size()) != p->keys.size()) {
-    return Finish("Allocate", start,
-                  grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                               absl::StrCat("depths: ", req->depths_size(), " for ", p->keys.size(), " keys")));
-  }
-  const std::vector<uint32_t> depths(req->depths().begin(), req->depths().end());
   // A caller that has given up (deadline passed while the request waited, e.g. in a stopped process)
   // will never write or commit: reserving for it would hold slots until reservation_ttl.
-  if (ctx->IsCancelled()) return Finish("Allocate", start, grpc::Status(grpc::StatusCode::CANCELLED, "caller gave up"));
-  auto r = store_.Allocate(p->ns, p->keys, depths);
-  if (!r.ok()) return Finish("Allocate", start, wire::ToGrpc(r.status()));
-  if (ctx->IsCancelled() && !r->reservation_id.null()) {
+  const absl::Status s = AllocateParsed(
+      *p, *req, [ctx] { return ctx->IsCancelled(); }, resp);
+  return Finish("Allocate", start, wire::ToGrpc(s));
+}
+
+absl::Status CacheServiceImpl::AllocateAs(const Principal& who, const v1::AllocateRequest& req,
+                                          v1::AllocateResponse* resp) {
+  const absl::Time start = absl::Now();
+  auto p = ParseFor(who, req.namespace_(), req.keys());
+  const absl::Status s = p.ok() ? AllocateParsed(
+                                      *p, req, [] { return false; }, resp)
+                                : p.status();
+  Finish("Allocate", start, wire::ToGrpc(s));
+  return s;
+}
+
+absl::Status CacheServiceImpl::AllocateParsed(const Parsed& p, const v1::AllocateRequest& req,
+                                              const std::function<bool()>& cancelled, v1::AllocateResponse* resp) {
+  if (req.depths_size() != 0 && static_cast<size_t>(req.depths_size()) != p.keys.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("depths: ", req.depths_size(), " for ", p.keys.size(), " keys"));
+  }
+  const std::vector<uint32_t> depths(req.depths().begin(), req.depths().end());
+  if (cancelled()) return absl::CancelledError("caller gave up");
+  auto r = store_.Allocate(p.ns, p.keys, depths);
+  if (!r.ok()) return r.status();
+  if (cancelled() && !r->reservation_id.null()) {
     store_.Abort(r->reservation_id);
-    return Finish("Allocate", start, grpc::Status(grpc::StatusCode::CANCELLED, "caller gave up"));
+    return absl::CancelledError("caller gave up");
   }
   resp->set_reservation_id(r->reservation_id.ToWire());
-  resp->set_block_bytes(p->ns.block_bytes);
+  resp->set_block_bytes(p.ns.block_bytes);
   resp->set_reservation_ttl_ms(static_cast<uint32_t>(absl::ToInt64Milliseconds(r->ttl)));
   for (AllocateOutcome o : r->outcomes) {
     switch (o) {
@@ -135,7 +151,7 @@ grpc::Status CacheServiceImpl::Allocate(grpc::ServerContext* ctx, const v1::Allo
         break;
     }
   }
-  return Finish("Allocate", start, grpc::Status::OK);
+  return absl::OkStatus();
 }
 
 grpc::Status CacheServiceImpl::WriteBlocks(grpc::ServerContext* ctx, grpc::ServerReader<v1::WriteBlocksRequest>* reader,
@@ -166,9 +182,20 @@ grpc::Status CacheServiceImpl::Commit(grpc::ServerContext* ctx, const v1::Commit
   const absl::Time start = absl::Now();
   IdHolder holder;
   if (grpc::Status s = AuthenticateHolder(*ctx, &holder); !s.ok()) return Finish("Commit", start, s);
-  std::vector<uint64_t> sums(req->checksums().begin(), req->checksums().end());
-  auto r = store_.Commit(CapabilityId::FromWire(req->reservation_id()), sums, holder);
-  if (!r.ok()) return Finish("Commit", start, wire::ToGrpc(r.status()));
+  return Finish("Commit", start, wire::ToGrpc(CommitFor(holder, *req, resp)));
+}
+
+absl::Status CacheServiceImpl::CommitAs(const Principal& who, const v1::CommitRequest& req, v1::CommitResponse* resp) {
+  const absl::Time start = absl::Now();
+  const absl::Status s = CommitFor(who.admin() ? kAnyTenant : IdHolder(who.tenant_id), req, resp);
+  Finish("Commit", start, wire::ToGrpc(s));
+  return s;
+}
+
+absl::Status CacheServiceImpl::CommitFor(IdHolder holder, const v1::CommitRequest& req, v1::CommitResponse* resp) {
+  std::vector<uint64_t> sums(req.checksums().begin(), req.checksums().end());
+  auto r = store_.Commit(CapabilityId::FromWire(req.reservation_id()), sums, holder);
+  if (!r.ok()) return r.status();
   for (CommitOutcome o : *r) {
     switch (o) {
       case CommitOutcome::kCommitted:
@@ -185,7 +212,7 @@ grpc::Status CacheServiceImpl::Commit(grpc::ServerContext* ctx, const v1::Commit
         break;
     }
   }
-  return Finish("Commit", start, grpc::Status::OK);
+  return absl::OkStatus();
 }
 
 grpc::Status CacheServiceImpl::Abort(grpc::ServerContext* ctx, const v1::AbortRequest* req, v1::AbortResponse*) {

@@ -3,6 +3,7 @@
 #define KVTIER_SERVER_SRC_CACHE_SERVICE_H_
 
 #include <atomic>
+#include <functional>
 
 #include "absl/time/time.h"
 #include "auth.h"
@@ -49,6 +50,12 @@ class CacheServiceImpl final : public v1::CacheService::Service {
   // Thread-safe. Errors: InvalidArgument (bad namespace or keys), PermissionDenied (a namespace of
   // another tenant than a worker's).
   absl::Status LeaseAs(const Principal& who, const v1::ReadRequest& req, v1::ReadResponse* resp);
+  // Allocate and Commit for the UCX data plane (kAllocate, kCommit), as LeaseAs is for Lease: what the
+  // RPCs do, for a caller authenticated as `who`, counted as their methods. Thread-safe. Errors: as
+  // the RPCs' (InvalidArgument, PermissionDenied, ResourceExhausted, FailedPrecondition for an unknown
+  // or expired reservation).
+  absl::Status AllocateAs(const Principal& who, const v1::AllocateRequest& req, v1::AllocateResponse* resp);
+  absl::Status CommitAs(const Principal& who, const v1::CommitRequest& req, v1::CommitResponse* resp);
 
  private:
   struct Parsed;
@@ -60,6 +67,12 @@ class CacheServiceImpl final : public v1::CacheService::Service {
   // Leases the present blocks of `p` for lease_ms (0: the default) and fills `resp` (block status,
   // checksums, lease id).
   void LeaseParsed(const Parsed& p, uint32_t lease_ms, v1::ReadResponse* resp);
+  // Reserves the keys of `p` (req's depths) and fills `resp`; `cancelled` says whether the caller gave up
+  // (checked before and after the store call: a reservation nobody will use is aborted).
+  absl::Status AllocateParsed(const Parsed& p, const v1::AllocateRequest& req, const std::function<bool()>& cancelled,
+                              v1::AllocateResponse* resp);
+  // Commits req's reservation as `holder` and fills `resp`.
+  absl::Status CommitFor(IdHolder holder, const v1::CommitRequest& req, v1::CommitResponse* resp);
   // Authenticates the caller of `ctx` and sets *holder to whose lease and reservation ids it may use: its
   // tenant for a worker, kAnyTenant for an admin (or any caller of a server without tokens). Errors:
   // UNAUTHENTICATED.

@@ -282,6 +282,27 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
       if (absl::Status s = cache->LeaseAs(who, req, &resp); !s.ok()) return s;
       return resp.SerializeAsString();
     };
+    // The two phases of a put over UCX, likewise.
+    ucx_options.allocate = [cache = impl->cache_service.get()](const Principal& who,
+                                                               std::string_view in) -> absl::StatusOr<std::string> {
+      v1::AllocateRequest req;
+      if (!req.ParseFromArray(in.data(), static_cast<int>(in.size()))) {
+        return absl::InvalidArgumentError("kAllocate: not an AllocateRequest");
+      }
+      v1::AllocateResponse resp;
+      if (absl::Status s = cache->AllocateAs(who, req, &resp); !s.ok()) return s;
+      return resp.SerializeAsString();
+    };
+    ucx_options.commit = [cache = impl->cache_service.get()](const Principal& who,
+                                                             std::string_view in) -> absl::StatusOr<std::string> {
+      v1::CommitRequest req;
+      if (!req.ParseFromArray(in.data(), static_cast<int>(in.size()))) {
+        return absl::InvalidArgumentError("kCommit: not a CommitRequest");
+      }
+      v1::CommitResponse resp;
+      if (absl::Status s = cache->CommitAs(who, req, &resp); !s.ok()) return s;
+      return resp.SerializeAsString();
+    };
     auto ucx = UcxServer::Start(ucx_options, *impl->store, *impl->metrics);
     if (!ucx.ok()) return ucx.status();
     impl->ucx = std::move(ucx).value();

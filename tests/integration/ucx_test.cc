@@ -166,6 +166,9 @@ TEST_P(UcxInProcessTest, PutThenGetRoundTripsOverUcx) {
   EXPECT_EQ(c->stats().rpc_errors.load(), 0u);
   EXPECT_EQ(c->stats().ucx_connects.load(), 1u);  // one endpoint, reused by every call
   EXPECT_EQ(c->stats().ucx_leases.load(), 1u);    // the server requires no token: the lease came over UCX
+  // The put reserved and committed over UCX too: one batch, no gRPC round trip on its path.
+  EXPECT_EQ(c->stats().ucx_allocates.load(), 1u);
+  EXPECT_EQ(c->stats().ucx_commits.load(), 1u);
 }
 
 // A server that requires tokens serves the UCX endpoint of a client with a token once its hello

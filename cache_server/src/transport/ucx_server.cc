@@ -254,7 +254,9 @@ struct UcxServer::Impl {
     };
     if (set_handler(msg::kHello, &Impl::OnHello) != UCS_OK || set_handler(msg::kGet, &Impl::OnGet) != UCS_OK ||
         set_handler(msg::kPut, &Impl::OnPut) != UCS_OK || set_handler(msg::kRelease, &Impl::OnRelease) != UCS_OK ||
-        set_handler(msg::kLease, &Impl::OnLease) != UCS_OK) {
+        set_handler(msg::kLease, &Impl::OnLease) != UCS_OK ||
+        set_handler(msg::kAllocate, &Impl::OnAllocate) != UCS_OK ||
+        set_handler(msg::kCommit, &Impl::OnCommit) != UCS_OK) {
       return absl::UnavailableError("ucp_worker_set_am_recv_handler failed");
     }
 
@@ -578,7 +580,8 @@ struct UcxServer::Impl {
     msg::HelloReply reply{.version = msg::kProtocolVersion,
                           .nonce = hello->nonce,
                           .node_id = self->options.node_id,
-                          .flags = self->options.lease ? msg::kTakesLeases : 0u};
+                          .flags = (self->options.lease ? msg::kTakesLeases : 0u) |
+                                   (self->options.allocate && self->options.commit ? msg::kTakesPuts : 0u)};
     if (self->TicketsRequired()) {
       std::optional<Principal> who;
       if (hello->version != msg::kProtocolVersion) {
@@ -643,20 +646,40 @@ struct UcxServer::Impl {
   static ucs_status_t OnLease(void* arg, const void*, size_t, void* data, size_t length,
                               const ucp_am_recv_param_t* param) {
     auto* self = static_cast<Impl*>(arg);
-    const EpId ep = Sender(self, data, param);
+    return self->Call(data, length, param, "kLease", self->options.lease, msg::kLeaseReply);
+  }
+
+  // The two phases of a put without gRPC, as the endpoint's principal.
+  static ucs_status_t OnAllocate(void* arg, const void*, size_t, void* data, size_t length,
+                                 const ucp_am_recv_param_t* param) {
+    auto* self = static_cast<Impl*>(arg);
+    return self->Call(data, length, param, "kAllocate", self->options.allocate, msg::kAllocateReply);
+  }
+  static ucs_status_t OnCommit(void* arg, const void*, size_t, void* data, size_t length,
+                               const ucp_am_recv_param_t* param) {
+    auto* self = static_cast<Impl*>(arg);
+    return self->Call(data, length, param, "kCommit", self->options.commit, msg::kCommitReply);
+  }
+
+  // A control call of an authenticated endpoint (kLease, kAllocate, kCommit): `fn` answers the
+  // serialized request as the endpoint's principal; the reply (`reply_id`) carries its answer or its
+  // refusal's code and message.
+  ucs_status_t Call(void* data, size_t length, const ucp_am_recv_param_t* param, const char* what,
+                    const UcxServerOptions::Handler& fn, msg::AmId reply_id) {
+    const EpId ep = Sender(this, data, param);
     if (ep == 0) return UCS_OK;
-    const EpSession* session = self->Admit(ep, "kLease");
+    const EpSession* session = Admit(ep, what);
     if (session == nullptr) return UCS_OK;
     auto req = msg::DecodeLeaseMessage({static_cast<const std::byte*>(data), length}, /*reply=*/false);
     if (!req.has_value()) return UCS_OK;
     msg::LeaseMessage reply{.request_id = req->request_id};
-    absl::StatusOr<std::string> answer = self->options.lease
-                                             ? self->options.lease(session->who, req->payload)
-                                             : absl::FailedPreconditionError("this server takes no leases over UCX");
+    absl::StatusOr<std::string> answer =
+        fn ? fn(session->who, req->payload)
+           : absl::FailedPreconditionError(absl::StrCat("this server answers no ", what, " over UCX"));
     reply.ok = answer.ok();
     reply.code = answer.ok() ? 0 : static_cast<uint32_t>(answer.status().code());  // the client reports it as is
     reply.payload = answer.ok() ? std::move(answer).value() : std::string(answer.status().message());
-    self->SendAm(ep, msg::kLeaseReply, msg::Encode(reply, /*reply=*/true));
+    SendAm(ep, reply_id, msg::Encode(reply, /*reply=*/true));
     return UCS_OK;
   }
 

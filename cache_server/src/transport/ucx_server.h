@@ -32,7 +32,13 @@ struct UcxServerOptions {
   // not required), a serialized v1::ReadRequest in, a serialized v1::ReadResponse out, or an error
   // (PERMISSION_DENIED for a namespace of another tenant), on the progress thread. Empty: the server
   // offers no UCX leases.
-  std::function<absl::StatusOr<std::string>(const Principal& who, std::string_view request)> lease;
+  using Handler = std::function<absl::StatusOr<std::string>(const Principal& who, std::string_view request)>;
+  Handler lease;
+  // Allocate and Commit for a client's kAllocate and kCommit, likewise (serialized v1::AllocateRequest
+  // and v1::CommitRequest in, their responses out), on the progress thread. Both empty or both set:
+  // with both, the hello reply offers kTakesPuts.
+  Handler allocate;
+  Handler commit;
   // The tickets of OpenUcxSession; borrowed, must outlive the UcxServer. Null or !required(): every
   // endpoint is served as an admin, as every gRPC call is without tokens.
   const UcxSessions* sessions = nullptr;

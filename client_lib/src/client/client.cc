@@ -170,6 +170,7 @@ struct UcxPeer {
   UcxClient::EndpointId endpoint = 0;             // guarded by mu; valid while kReady
   UcxClient* client = nullptr;                    // guarded by mu; the client of `endpoint` while kReady
   bool takes_leases = false;                      // guarded by mu; `endpoint` answers UcxClient::Lease
+  bool takes_puts = false;                        // guarded by mu; `endpoint` answers Allocate and Commit
   absl::Time retry_after = absl::InfinitePast();  // guarded by mu; no (re)connect before it
   // The UCX session (OpenUcxSession) of `endpoint`, when this client has a token or TLS: renewed at half
   // its lifetime, for the get lanes' endpoints opened later.
@@ -442,6 +443,7 @@ class Client::Impl {
       peer.endpoint = connection->endpoint;
       peer.client = ucx_client;
       peer.takes_leases = connection->takes_leases;
+      peer.takes_puts = connection->takes_puts;
       peer.ticket = session.has_value() ? session->ticket() : "";
       peer.renew_at =
           session.has_value() ? absl::Now() + absl::Milliseconds(session->ttl_ms()) / 2 : absl::InfiniteFuture();
@@ -718,13 +720,46 @@ class Client::Impl {
         return absl::OkStatus();  // no fallback: all kError
       }
     }
+    // Reserve and commit over the endpoint too when its session takes them (no gRPC round trip), as a
+    // get takes its lease (GetOverUcx); gRPC is the fallback.
+    bool control_over_ucx = false;
+    if (ucx_endpoint.has_value()) {
+      std::lock_guard<std::mutex> lock(member.ucx->mu);
+      control_over_ucx = member.ucx->takes_puts && member.ucx->endpoint == *ucx_endpoint;
+    }
+    control_over_ucx = control_over_ucx && member.channel->GetState(/*try_to_connect=*/false) == GRPC_CHANNEL_READY;
     // Phase 1: reserve.
     v1::AllocateRequest areq;
     *areq.mutable_namespace_() = pns;
     wire::EncodeKeys(keys, areq.mutable_keys());
     areq.mutable_depths()->Add(depths.begin(), depths.end());
     v1::AllocateResponse aresp;
-    {
+    bool reserved = false;
+    if (control_over_ucx) {
+      // Answered in well under a millisecond; one not answered within a quarter of the call's time (at
+      // least 100 ms) is asked of gRPC, and the endpoint is dropped (see GetOverUcx). A reservation the
+      // server took anyway ends at its reservation_ttl.
+      auto answer = ucx->Allocate(*ucx_endpoint, areq.SerializeAsString(),
+                                  absl::Now() + std::max(absl::Milliseconds(100), options.rpc_timeout / 4));
+      if (!answer.ok() && IsRefusal(answer.status().code())) {
+        stats.rpc_errors.fetch_add(1, std::memory_order_relaxed);
+        return member.Refused("Allocate", answer.status());  // it answered: the endpoint is fine
+      }
+      reserved =
+          answer.ok() && aresp.ParseFromString(*answer) && static_cast<size_t>(aresp.results_size()) == keys.size();
+      stats.ucx_allocates.fetch_add(reserved ? 1 : 0, std::memory_order_relaxed);
+      if (!reserved) {
+        aresp.Clear();
+        UcxEndpointFailed(member, *ucx_endpoint);
+        ucx_endpoint.reset();  // this batch's bytes go over gRPC
+        control_over_ucx = false;
+        if (options.transport == "ucx") {
+          stats.rpc_errors.fetch_add(1, std::memory_order_relaxed);
+          return absl::OkStatus();  // no fallback: all kError
+        }
+      }
+    }
+    if (!reserved) {
       grpc::ClientContext ctx;
       SetDeadline(ctx);
       const absl::Status st = wire::FromGrpc(stub.Allocate(&ctx, areq, &aresp));
@@ -809,7 +844,24 @@ class Client::Impl {
     if (checksums.empty()) checksums = ComputeChecksums();
     creq.mutable_checksums()->Add(checksums.begin(), checksums.end());
     v1::CommitResponse cresp;
-    if (ok) {
+    bool committed = false;
+    if (ok && control_over_ucx && ucx_endpoint.has_value()) {
+      auto answer = ucx->Commit(*ucx_endpoint, creq.SerializeAsString(), absl::Now() + options.rpc_timeout);
+      if (!answer.ok() && IsRefusal(answer.status().code())) {
+        refused = member.Refused("Commit", answer.status());
+        ok = false;
+      } else if (answer.ok()) {
+        committed = cresp.ParseFromString(*answer) && static_cast<size_t>(cresp.results_size()) == keys.size();
+        ok = committed;
+      } else {
+        // No answer: the endpoint is dropped and gRPC asked. A commit that did happen meanwhile makes
+        // this one fail (an unknown reservation): its blocks then count as errors, though stored.
+        UcxEndpointFailed(member, *ucx_endpoint);
+        cresp.Clear();
+      }
+      stats.ucx_commits.fetch_add(committed ? 1 : 0, std::memory_order_relaxed);
+    }
+    if (ok && !committed) {
       grpc::ClientContext ctx;
       SetDeadline(ctx);
       const absl::Status st = wire::FromGrpc(stub.Commit(&ctx, creq, &cresp));

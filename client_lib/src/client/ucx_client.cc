@@ -524,7 +524,9 @@ struct UcxClient::Impl {
     };
     if (set_handler(msg::kHelloReply, &Impl::OnHelloReply) != UCS_OK ||
         set_handler(msg::kPutDone, &Impl::OnPutDone) != UCS_OK ||
-        set_handler(msg::kLeaseReply, &Impl::OnLeaseReply) != UCS_OK) {
+        set_handler(msg::kLeaseReply, &Impl::OnLeaseReply) != UCS_OK ||
+        set_handler(msg::kAllocateReply, &Impl::OnLeaseReply) != UCS_OK ||
+        set_handler(msg::kCommitReply, &Impl::OnLeaseReply) != UCS_OK) {
       return absl::UnavailableError("ucp_worker_set_am_recv_handler failed");
     }
     return absl::OkStatus();
@@ -667,6 +669,39 @@ struct UcxClient::Impl {
     t->failed = reply->version != msg::kProtocolVersion || (reply->flags & msg::kRefused) != 0;
     t->Done(lock);
     return UCS_OK;
+  }
+
+  // A control call (kLease, kAllocate, kCommit): sends `request` as `id` and waits for its reply (any of
+  // kLeaseReply, kAllocateReply, kCommitReply, matched by request id) until `deadline`. `what` names it
+  // in errors.
+  absl::StatusOr<std::string> Call(EndpointId endpoint, msg::AmId id, const char* what, std::string request,
+                                   absl::Time deadline) {
+    const uint64_t request_id = next_id.fetch_add(1);
+    auto t = std::make_shared<Transfer>();
+    t->remaining = 1;
+    Enqueue([this, t, endpoint, request_id, id,
+             payload = msg::Encode(msg::LeaseMessage{.request_id = request_id, .payload = std::move(request)},
+                                   /*reply=*/false)]() mutable {
+      ucp_ep_h ep = UsableEndpoint(endpoint, *t);
+      if (ep == nullptr) return;
+      pending_lease[request_id] = t;
+      if (SendEagerAm(ep, id, std::move(payload)) != UCS_OK) {
+        pending_lease.erase(request_id);
+        std::unique_lock<std::mutex> lock(t->mu);
+        t->failed = true;
+        t->Done(lock);
+      }
+    });
+    const bool in_time = Await(t, endpoint, deadline, [this, request_id] { Forget(pending_lease, request_id); });
+    std::lock_guard<std::mutex> lock(t->mu);
+    if (!in_time) return absl::DeadlineExceededError(absl::StrCat("UCX ", what, ": no answer in time"));
+    if (t->failed && t->lease_code != 0)
+      return absl::Status(static_cast<absl::StatusCode>(t->lease_code), t->lease_reply);
+    if (t->failed) {
+      return absl::UnavailableError(t->lease_reply.empty() ? absl::StrCat("UCX ", what, " failed")
+                                                           : absl::StrCat("UCX ", what, " refused: ", t->lease_reply));
+    }
+    return std::move(t->lease_reply);
   }
 
   static ucs_status_t OnLeaseReply(void* arg, const void*, size_t, void* data, size_t length,
@@ -886,37 +921,22 @@ absl::StatusOr<UcxClient::Connection> UcxClient::Connect(const std::string& host
     if (t->single_copy) im.listener_of[id] = host_port;
     if (!ticket.empty()) im.ticket_of[id] = ticket;
   }
-  return Connection{.endpoint = id, .node_id = t->node_id, .takes_leases = (t->hello_flags & msg::kTakesLeases) != 0};
+  return Connection{.endpoint = id,
+                    .node_id = t->node_id,
+                    .takes_leases = (t->hello_flags & msg::kTakesLeases) != 0,
+                    .takes_puts = (t->hello_flags & msg::kTakesPuts) != 0};
 }
 
 absl::StatusOr<std::string> UcxClient::Lease(EndpointId endpoint, std::string request, absl::Time deadline) {
-  Impl& im = *impl_;
-  const uint64_t request_id = im.next_id.fetch_add(1);
-  auto t = std::make_shared<Transfer>();
-  t->remaining = 1;
-  im.Enqueue([&im, t, endpoint, request_id,
-              payload = msg::Encode(msg::LeaseMessage{.request_id = request_id, .payload = std::move(request)},
-                                    /*reply=*/false)]() mutable {
-    ucp_ep_h ep = im.UsableEndpoint(endpoint, *t);
-    if (ep == nullptr) return;
-    im.pending_lease[request_id] = t;
-    if (SendEagerAm(ep, msg::kLease, std::move(payload)) != UCS_OK) {
-      im.pending_lease.erase(request_id);
-      std::unique_lock<std::mutex> lock(t->mu);
-      t->failed = true;
-      t->Done(lock);
-    }
-  });
-  const bool in_time = im.Await(t, endpoint, deadline, [&im, request_id] { im.Forget(im.pending_lease, request_id); });
-  std::lock_guard<std::mutex> lock(t->mu);
-  if (!in_time) return absl::DeadlineExceededError("UCX lease: no answer in time");
-  if (t->failed && t->lease_code != 0)
-    return absl::Status(static_cast<absl::StatusCode>(t->lease_code), t->lease_reply);
-  if (t->failed) {
-    return absl::UnavailableError(t->lease_reply.empty() ? "UCX lease failed"
-                                                         : absl::StrCat("UCX lease refused: ", t->lease_reply));
-  }
-  return std::move(t->lease_reply);
+  return impl_->Call(endpoint, msg::kLease, "lease", std::move(request), deadline);
+}
+
+absl::StatusOr<std::string> UcxClient::Allocate(EndpointId endpoint, std::string request, absl::Time deadline) {
+  return impl_->Call(endpoint, msg::kAllocate, "allocate", std::move(request), deadline);
+}
+
+absl::StatusOr<std::string> UcxClient::Commit(EndpointId endpoint, std::string request, absl::Time deadline) {
+  return impl_->Call(endpoint, msg::kCommit, "commit", std::move(request), deadline);
 }
 
 void UcxClient::Close(EndpointId endpoint) {

@@ -50,6 +50,7 @@ class UcxClient {
     EndpointId endpoint = 0;
     std::string node_id;
     bool takes_leases = false;  // the server answers Lease on this endpoint
+    bool takes_puts = false;    // the server answers Allocate and Commit on this endpoint
   };
   absl::StatusOr<Connection> Connect(const std::string& host_port, absl::Time deadline, const std::string& ticket = "");
   // Replaces the ticket that new get-lane endpoints to the server of `endpoint` present (a renewed
@@ -101,6 +102,14 @@ class UcxClient {
   // failed endpoint, or a refusal from a server that sends no code), DeadlineExceeded (no answer in
   // time: the endpoint is no longer trusted; a lease the server took anyway ends at its expiry).
   absl::StatusOr<std::string> Lease(EndpointId endpoint, std::string request, absl::Time deadline);
+  // The two phases of a put over UCX, as Lease is for a get: a serialized kvtier.v1.AllocateRequest
+  // (kAllocate) or CommitRequest (kCommit, after the batch's Put returned) in, the server's
+  // AllocateResponse or CommitResponse out. Only for a Connection with takes_puts. Errors as Lease's;
+  // on DeadlineExceeded a reservation the server took anyway ends at its reservation_ttl, and a commit
+  // may or may not have happened (a later put of the same keys finds them present, or reserves them
+  // again).
+  absl::StatusOr<std::string> Allocate(EndpointId endpoint, std::string request, absl::Time deadline);
+  absl::StatusOr<std::string> Commit(EndpointId endpoint, std::string request, absl::Time deadline);
 
   uint64_t abandoned_requests() const;
 

@@ -92,13 +92,17 @@ class RawUcxPeer {
     wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
     wp.thread_mode = UCS_THREAD_MODE_SINGLE;
     if (ucp_worker_create(p->context_, &wp, &p->worker_) != UCS_OK) return nullptr;
-    for (uint16_t id : {msg::kHelloReply, msg::kPutDone, msg::kLeaseReply}) {
+    const std::pair<uint16_t, ucp_am_recv_callback_t> handlers[] = {{msg::kHelloReply, &OnAm<msg::kHelloReply>},
+                                                                    {msg::kPutDone, &OnAm<msg::kPutDone>},
+                                                                    {msg::kLeaseReply, &OnAm<msg::kLeaseReply>},
+                                                                    {msg::kAllocateReply, &OnAm<msg::kAllocateReply>},
+                                                                    {msg::kCommitReply, &OnAm<msg::kCommitReply>}};
+    for (const auto& [id, cb] : handlers) {
       ucp_am_handler_param_t hp{};
       hp.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG |
                       UCP_AM_HANDLER_PARAM_FIELD_FLAGS;
       hp.id = id;
-      hp.cb = id == msg::kHelloReply ? &OnAm<msg::kHelloReply>
-                                     : (id == msg::kPutDone ? &OnAm<msg::kPutDone> : &OnAm<msg::kLeaseReply>);
+      hp.cb = cb;
       hp.arg = p.get();
       hp.flags = UCP_AM_FLAG_WHOLE_MSG;
       if (ucp_worker_set_am_recv_handler(p->worker_, &hp) != UCS_OK) return nullptr;
@@ -495,6 +499,43 @@ TEST_F(UcxAuthTest, TenantBsTicketCannotGetPutOrLeaseTenantAsBlocks) {
   auto o = msg::DecodeLeaseMessage(std::as_bytes(std::span<const char>(own_reply->data(), own_reply->size())), true);
   ASSERT_TRUE(o.has_value());
   EXPECT_TRUE(o->ok) << o->payload;
+  // kAllocate in A's namespace: PERMISSION_DENIED.
+  v1::AllocateRequest alloc_req;
+  wire::ToProto(a_, alloc_req.mutable_namespace_());
+  *alloc_req.mutable_keys() = Keys(Chain(a_, 1, 13));
+  ASSERT_TRUE(
+      peer_b->Am(msg::kAllocate,
+                 msg::Encode(msg::LeaseMessage{.request_id = 5, .payload = alloc_req.SerializeAsString()}, false)));
+  auto alloc_reply = peer_b->Next(msg::kAllocateReply, absl::Seconds(10));
+  ASSERT_TRUE(alloc_reply.has_value());
+  auto ar =
+      msg::DecodeLeaseMessage(std::as_bytes(std::span<const char>(alloc_reply->data(), alloc_reply->size())), true);
+  ASSERT_TRUE(ar.has_value());
+  EXPECT_FALSE(ar->ok);
+  EXPECT_EQ(ar->code, static_cast<uint32_t>(absl::StatusCode::kPermissionDenied)) << ar->payload;
+  // kCommit of A's reservation: answered exactly as one of an id that never existed, and A's
+  // reservation stays open (A commits it below).
+  auto commit_over_b = [&](const CapabilityId& id, uint64_t request_id) {
+    v1::CommitRequest creq;
+    creq.set_reservation_id(id.ToWire());
+    creq.add_checksums(BlockChecksum(garbage.data(), garbage.size()));
+    EXPECT_TRUE(peer_b->Am(
+        msg::kCommit,
+        msg::Encode(msg::LeaseMessage{.request_id = request_id, .payload = creq.SerializeAsString()}, false)));
+    auto raw = peer_b->Next(msg::kCommitReply, absl::Seconds(10));
+    EXPECT_TRUE(raw.has_value());
+    auto m = raw.has_value()
+                 ? msg::DecodeLeaseMessage(std::as_bytes(std::span<const char>(raw->data(), raw->size())), true)
+                 : std::nullopt;
+    EXPECT_TRUE(m.has_value());
+    return m.value_or(msg::LeaseMessage{});
+  };
+  const msg::LeaseMessage foreign = commit_over_b(reservation, 6);
+  const msg::LeaseMessage unknown = commit_over_b(CapabilityId::Random(), 7);
+  EXPECT_FALSE(foreign.ok);
+  EXPECT_EQ(foreign.code, static_cast<uint32_t>(absl::StatusCode::kFailedPrecondition)) << foreign.payload;
+  EXPECT_EQ(foreign.code, unknown.code);
+  EXPECT_EQ(foreign.payload, unknown.payload);
 
   // A's lease still serves A, and A's reservation still takes A's bytes.
   auto honest = RawUcxPeer::Connect(server_->ucx_port());
@@ -573,6 +614,8 @@ TEST_F(UcxAuthTest, AClientWithATokenPutsAndGetsOverUcxAndLeasesOverUcx) {
   EXPECT_EQ(s.ucx_put_blocks.load(), fps.size());
   EXPECT_EQ(s.ucx_get_blocks.load(), fps.size());
   EXPECT_GE(s.ucx_leases.load(), 1u);
+  EXPECT_GE(s.ucx_allocates.load(), 1u);  // the session may reserve and commit: no gRPC round trip
+  EXPECT_GE(s.ucx_commits.load(), 1u);
   EXPECT_GE(s.ucx_connects.load(), 1u);
 }
 

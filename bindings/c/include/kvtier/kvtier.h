@@ -357,6 +357,8 @@ typedef struct kvtier_client_stats {
   uint64_t hints_delivered;       /* hinted blocks an owner later stored (or had) */
   uint64_t hints_dropped;         /* hinted blocks dropped over hint_queue_bytes */
   uint64_t replica_read_blocks;   /* hits and present blocks found on an owner other than the first asked */
+  uint64_t ucx_allocates;         /* put reservations taken over UCX */
+  uint64_t ucx_commits;           /* put commits over UCX */
 } kvtier_client_stats_t;
 
 /* Copies the client's counters into the fields of *out that lie wholly within out->struct_size (which the

@@ -237,6 +237,8 @@ struct ClientStats {
   // Blocks of Get (hits) and LookupPrefix (present) found on an owner other than the first one asked:
   // fail-over after an error, or a hot block's fall-back after a miss.
   std::atomic<uint64_t> replica_read_blocks{0};
+  std::atomic<uint64_t> ucx_allocates{0};  // put reservations taken over UCX (kAllocate)
+  std::atomic<uint64_t> ucx_commits{0};    // put commits over UCX (kCommit)
 };
 
 // Talks to every member over gRPC (one channel each, reused), places blocks with a HashRing of the

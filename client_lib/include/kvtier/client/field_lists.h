@@ -126,7 +126,9 @@ using ReplicationOverrides = std::vector<ClientOptions::ReplicationOverride>;
   X(hints_queued)                       \
   X(hints_delivered)                    \
   X(hints_dropped)                      \
-  X(replica_read_blocks)
+  X(replica_read_blocks)                \
+  X(ucx_allocates)                      \
+  X(ucx_commits)
 
 // EventSubscriberStats (event_subscriber.h): every counter, a uint64_t.
 #define KVTIER_EVENT_SUBSCRIBER_STATS_COUNTERS(X) \

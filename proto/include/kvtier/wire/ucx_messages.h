@@ -14,6 +14,7 @@
 //   kHelloReply server -> client  {version u32, nonce u64, node_id_len u32, node_id bytes, flags u32,
 //                                  [put_tag_key u64, error_len u32, error bytes]}
 //                 flags & kTakesLeases: the server answers kLease on this endpoint.
+//                 flags & kTakesPuts: the server answers kAllocate and kCommit on this endpoint.
 //                 flags & kRefused: the server requires a ticket (tokens or TLS on) and the hello had
 //                 none, or an unknown or expired one; error says which. The server closes the endpoint
 //                 shortly after, and until then drops every other AM of it.
@@ -52,9 +53,18 @@
 //                 refused, code (an absl::StatusCode, e.g. INVALID_ARGUMENT for a block above its
 //                 limits.max_block_bytes) and its message follow; status 0: an error message without a
 //                 code (servers before codes were sent; read as UNAVAILABLE).
+//   kAllocate   client -> server  {request_id u64, request bytes}: a serialized kvtier.v1.AllocateRequest;
+//                 the server does what the Allocate RPC does, as the endpoint's tenant and role, and
+//                 answers kAllocateReply (framed as kLeaseReply; payload a kvtier.v1.AllocateResponse).
+//   kCommit     client -> server  {request_id u64, request bytes}: a serialized kvtier.v1.CommitRequest,
+//                 sent after the batch's kPutDone; answered kCommitReply (framed as kLeaseReply;
+//                 payload a kvtier.v1.CommitResponse). With kAllocate it takes a put's two gRPC round
+//                 trips off its path. A reservation taken over either plane commits over either.
 //
 // Versions: 2 added the hello's ticket and the reply's kRefused, put_tag_key and error; a client and a
 // server of different versions do not complete a hello (the client then moves its bytes over gRPC).
+// kAllocate and kCommit came within version 2, behind the kTakesPuts flag: a server without them does
+// not set it, and its clients reserve and commit over gRPC.
 #ifndef KVTIER_WIRE_UCX_MESSAGES_H_
 #define KVTIER_WIRE_UCX_MESSAGES_H_
 
@@ -88,11 +98,16 @@ enum AmId : uint16_t {
   kPutDone = 5,
   kRelease = 6,
   kLease = 7,
-  kLeaseReply = 8
+  kLeaseReply = 8,
+  kAllocate = 9,
+  kAllocateReply = 10,
+  kCommit = 11,
+  kCommitReply = 12
 };
 
 inline constexpr uint32_t kTakesLeases = 1;  // kHelloReply flag
 inline constexpr uint32_t kRefused = 2;      // kHelloReply flag: no valid ticket; the endpoint is closed
+inline constexpr uint32_t kTakesPuts = 4;    // kHelloReply flag: the server answers kAllocate and kCommit
 inline constexpr uint32_t kMaxTicketBytes = 256;
 
 inline constexpr uint32_t kGetRelease = 1;  // kGet flag: release the lease after the last send
@@ -133,7 +148,8 @@ struct HelloReply {
   uint64_t put_tag_key = 0;
   std::string error;  // with kRefused: why
 };
-// kLease and kLeaseReply: a request id and bytes (a serialized message, or an error's text).
+// kLease, kAllocate, kCommit and their replies: a request id and bytes (a serialized message, or an
+// error's text).
 struct LeaseMessage {
   uint64_t request_id = 0;
   bool ok = true;     // kLeaseReply only
