@@ -49,7 +49,7 @@ struct UcxServerOptions {
 // slots and the network (kvtier/wire/ucx_messages.h): a client's kGet makes the server ucp_tag_send_nbx
 // each block from its pinned slot (PinForSend); a kPut makes it post ucp_tag_recv_nbx straight into the
 // reserved slots (PinForReceive) and answer kPutDone when every receive finished. Leases, reservations
-// and commits stay on gRPC.
+// and commits come over gRPC, or as kLease, kAllocate and kCommit (the options' handlers).
 //
 // Protocol choice: tagged rendezvous on every transport. Measured here (TOOLCHAIN.md Part 2), tag_bw is
 // ~3.7 GB/s over tcp and ~20 GB/s over shared memory + cma (single-copy: the receiver's kernel copies

@@ -1,9 +1,10 @@
 // The UCX bulk plane's small control messages and tag layout, shared by the server's transport
 // (cache_server/src/transport/) and the client library. Header-only, no UCX types.
 //
-// Protocol (DESIGN.md §4, docs/architecture.md "UCX data plane"): the control plane stays gRPC (leases,
-// reservations, commits); UCX carries only payload bytes as tagged messages, plus these active messages
-// (AM), each a little-endian byte string in the AM's data. `id16` is a lease or reservation id: its 16
+// Protocol (DESIGN.md §4, docs/architecture.md "UCX data plane"): gRPC is the control plane every
+// client can use; UCX carries payload bytes as tagged messages, plus these active messages (AM; leases,
+// reservations and commits among them, so that a get or put over UCX needs no gRPC round trip), each
+// a little-endian byte string in the AM's data. `id16` is a lease or reservation id: its 16
 // bytes (kvtier/common/capability_id.h), random and bound to the tenant that took it; an id the server
 // does not hold live is answered exactly as one of another tenant's would be (empty messages, ok = 0).
 // Version 2: ids are id16 (version 1 carried them as u64 and took sequential ids), and the hello
