@@ -94,6 +94,23 @@ class PlainHealthService final : public grpc::health::v1::Health::Service {
   std::atomic<bool> serving_{true};
 };
 
+// A UCX control call's handler: parses the serialized `Req`, runs `fn` of `cache` as the endpoint's
+// principal, returns the serialized `Resp` (or fn's error; InvalidArgument for bytes that are no `Req`).
+template <typename Req, typename Resp>
+UcxServerOptions::Handler UcxCall(CacheServiceImpl* cache,
+                                  absl::Status (CacheServiceImpl::*fn)(const Principal&, const Req&, Resp*),
+                                  const char* what) {
+  return [cache, fn, what](const Principal& who, std::string_view in) -> absl::StatusOr<std::string> {
+    Req req;
+    if (!req.ParseFromArray(in.data(), static_cast<int>(in.size()))) {
+      return absl::InvalidArgumentError(absl::StrCat(what, ": not a ", Req::descriptor()->name()));
+    }
+    Resp resp;
+    if (absl::Status s = (cache->*fn)(who, req, &resp); !s.ok()) return s;
+    return resp.SerializeAsString();
+  };
+}
+
 }  // namespace
 
 struct Server::Impl {
@@ -270,39 +287,13 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
         std::make_unique<UcxSessions>(options.ucx_session_ttl, impl->auth->enabled() || options.tls_enabled());
     impl->cache_service->set_ucx_sessions(impl->ucx_sessions.get());
     ucx_options.sessions = impl->ucx_sessions.get();
-    // A lease over UCX, as the endpoint's principal: what the Lease RPC would allow it, one gRPC round
-    // trip less.
-    ucx_options.lease = [cache = impl->cache_service.get()](const Principal& who,
-                                                            std::string_view in) -> absl::StatusOr<std::string> {
-      v1::ReadRequest req;
-      if (!req.ParseFromArray(in.data(), static_cast<int>(in.size()))) {
-        return absl::InvalidArgumentError("kLease: not a ReadRequest");
-      }
-      v1::ReadResponse resp;
-      if (absl::Status s = cache->LeaseAs(who, req, &resp); !s.ok()) return s;
-      return resp.SerializeAsString();
-    };
-    // The two phases of a put over UCX, likewise.
-    ucx_options.allocate = [cache = impl->cache_service.get()](const Principal& who,
-                                                               std::string_view in) -> absl::StatusOr<std::string> {
-      v1::AllocateRequest req;
-      if (!req.ParseFromArray(in.data(), static_cast<int>(in.size()))) {
-        return absl::InvalidArgumentError("kAllocate: not an AllocateRequest");
-      }
-      v1::AllocateResponse resp;
-      if (absl::Status s = cache->AllocateAs(who, req, &resp); !s.ok()) return s;
-      return resp.SerializeAsString();
-    };
-    ucx_options.commit = [cache = impl->cache_service.get()](const Principal& who,
-                                                             std::string_view in) -> absl::StatusOr<std::string> {
-      v1::CommitRequest req;
-      if (!req.ParseFromArray(in.data(), static_cast<int>(in.size()))) {
-        return absl::InvalidArgumentError("kCommit: not a CommitRequest");
-      }
-      v1::CommitResponse resp;
-      if (absl::Status s = cache->CommitAs(who, req, &resp); !s.ok()) return s;
-      return resp.SerializeAsString();
-    };
+    // A lease, and the two phases of a put, over UCX as the endpoint's principal: what the RPCs would
+    // allow it, one gRPC round trip less each.
+    CacheServiceImpl* cache = impl->cache_service.get();
+    ucx_options.lease = UcxCall<v1::ReadRequest, v1::ReadResponse>(cache, &CacheServiceImpl::LeaseAs, "kLease");
+    ucx_options.allocate =
+        UcxCall<v1::AllocateRequest, v1::AllocateResponse>(cache, &CacheServiceImpl::AllocateAs, "kAllocate");
+    ucx_options.commit = UcxCall<v1::CommitRequest, v1::CommitResponse>(cache, &CacheServiceImpl::CommitAs, "kCommit");
     auto ucx = UcxServer::Start(ucx_options, *impl->store, *impl->metrics);
     if (!ucx.ok()) return ucx.status();
     impl->ucx = std::move(ucx).value();
