@@ -14,8 +14,11 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstring>
+#include <deque>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
@@ -54,6 +57,9 @@ constexpr absl::Duration kRefusedLinger = absl::Milliseconds(500);
 // With tickets required: an endpoint that has not proven one this long after it connected is closed,
 // so that peers that connect and stay silent cannot hold endpoints open.
 constexpr absl::Duration kHelloTimeout = absl::Seconds(10);
+// Control calls (kLease, kAllocate, kCommit) waiting for a call thread, at most; beyond, a call is
+// answered RESOURCE_EXHAUSTED at once, so that a peer sending calls in a loop cannot grow the queue.
+constexpr size_t kMaxQueuedCalls = 4096;
 // How often the listener's pending connections are swept (PendingConnectionReaper).
 constexpr absl::Duration kPendingSweepInterval = absl::Seconds(1);
 // UCX's async handler slots (UCX_ASYNC_MAX_EVENTS, 1024 by default): one per connection of its
@@ -185,6 +191,30 @@ struct UcxServer::Impl {
   // Connections of the listener UCX never delivered as a connection request; peer_of: ip:port of each
   // endpoint's connection, admitted to the reaper until the endpoint closes.
   std::optional<PendingConnectionReaper> reaper;
+
+  // Control calls run on call threads, not on the progress thread: they take the store's lock, which
+  // may wait on the disk (an Allocate that spills, a Lease that loads), while the progress thread moves
+  // every client's bytes. A call thread answers by queueing its reply, which the progress thread sends.
+  struct CallJob {
+    EpId ep = 0;
+    uint16_t reply_id = 0;
+    uint64_t request_id = 0;
+    const UcxServerOptions::Handler* fn = nullptr;  // one of `options`' handlers
+    Principal who;
+    std::string payload;
+  };
+  struct CallReply {
+    EpId ep = 0;
+    uint16_t reply_id = 0;
+    std::string bytes;
+  };
+  std::mutex calls_mu;
+  std::condition_variable calls_cv;
+  std::deque<CallJob> calls;            // guarded by calls_mu
+  std::vector<CallReply> call_replies;  // guarded by calls_mu
+  bool calls_stop = false;              // guarded by calls_mu
+  std::atomic<bool> replies_ready{false};
+  std::vector<std::thread> call_threads;
   absl::flat_hash_map<EpId, std::string> peer_of;
   absl::Time next_pending_sweep;
 
@@ -309,6 +339,7 @@ struct UcxServer::Impl {
     next_sweep = absl::Now() + kSweepInterval;
     int idle = 0;
     while (!stop.load(std::memory_order_acquire)) {
+      if (replies_ready.load(std::memory_order_acquire)) SendCallReplies();
       const unsigned progressed = ucp_worker_progress(worker);
       if (!deferred.empty()) {
         RunDeferred();
@@ -672,15 +703,72 @@ struct UcxServer::Impl {
     if (session == nullptr) return UCS_OK;
     auto req = msg::DecodeLeaseMessage({static_cast<const std::byte*>(data), length}, /*reply=*/false);
     if (!req.has_value()) return UCS_OK;
-    msg::LeaseMessage reply{.request_id = req->request_id};
-    absl::StatusOr<std::string> answer =
-        fn ? fn(session->who, req->payload)
+    if (fn) {
+      std::unique_lock<std::mutex> lock(calls_mu);
+      if (calls.size() < kMaxQueuedCalls) {
+        calls.push_back(CallJob{.ep = ep,
+                                .reply_id = reply_id,
+                                .request_id = req->request_id,
+                                .fn = &fn,
+                                .who = session->who,
+                                .payload = std::move(req->payload)});
+        lock.unlock();
+        calls_cv.notify_one();
+        return UCS_OK;
+      }
+    }
+    const absl::Status refused =
+        fn ? absl::ResourceExhaustedError(absl::StrCat("too many ", what, " calls queued; retry"))
            : absl::FailedPreconditionError(absl::StrCat("this server answers no ", what, " over UCX"));
+    SendAm(ep, reply_id, EncodeCallReply(req->request_id, refused));
+    return UCS_OK;
+  }
+
+  // A control call's reply: the answer, or the refusal's code and message.
+  static std::string EncodeCallReply(uint64_t request_id, absl::StatusOr<std::string> answer) {
+    msg::LeaseMessage reply{.request_id = request_id};
     reply.ok = answer.ok();
     reply.code = answer.ok() ? 0 : static_cast<uint32_t>(answer.status().code());  // the client reports it as is
     reply.payload = answer.ok() ? std::move(answer).value() : std::string(answer.status().message());
-    SendAm(ep, reply_id, msg::Encode(reply, /*reply=*/true));
-    return UCS_OK;
+    return msg::Encode(reply, /*reply=*/true);
+  }
+
+  // A call thread: runs queued calls until Shutdown.
+  void RunCalls() {
+    std::unique_lock<std::mutex> lock(calls_mu);
+    while (true) {
+      calls_cv.wait(lock, [&] { return calls_stop || !calls.empty(); });
+      if (calls_stop) return;
+      CallJob job = std::move(calls.front());
+      calls.pop_front();
+      lock.unlock();
+      std::string bytes = EncodeCallReply(job.request_id, (*job.fn)(job.who, job.payload));
+      lock.lock();
+      call_replies.push_back({.ep = job.ep, .reply_id = job.reply_id, .bytes = std::move(bytes)});
+      replies_ready.store(true, std::memory_order_release);
+      Wake();
+    }
+  }
+
+  // Progress thread: sends the replies the call threads queued (to endpoints still open).
+  void SendCallReplies() {
+    std::vector<CallReply> ready;
+    {
+      std::lock_guard<std::mutex> lock(calls_mu);
+      ready.swap(call_replies);
+      replies_ready.store(false, std::memory_order_relaxed);
+    }
+    for (CallReply& r : ready) SendAm(r.ep, r.reply_id, std::move(r.bytes));
+  }
+
+  void StopCalls() {
+    {
+      std::lock_guard<std::mutex> lock(calls_mu);
+      calls_stop = true;
+    }
+    calls_cv.notify_all();
+    for (std::thread& t : call_threads) t.join();
+    call_threads.clear();
   }
 
   // A client that split a lease's blocks over several kGet requests (get lanes) is done with it.
@@ -970,12 +1058,14 @@ absl::StatusOr<std::unique_ptr<UcxServer>> UcxServer::Start(const UcxServerOptio
   }
   Impl* p = impl.get();
   p->thread = std::thread([p] { p->Run(); });
+  for (int i = 0; i < std::max(1, options.call_threads); ++i) p->call_threads.emplace_back([p] { p->RunCalls(); });
   return std::unique_ptr<UcxServer>(new UcxServer(std::move(impl)));
 }
 
 void UcxServer::Shutdown() {
   if (impl_ == nullptr || impl_->shut_down) return;
   impl_->shut_down = true;
+  impl_->StopCalls();  // a call still in the store finishes first; its reply is dropped
   impl_->stop.store(true, std::memory_order_release);
   impl_->Wake();
   if (impl_->thread.joinable()) impl_->thread.join();

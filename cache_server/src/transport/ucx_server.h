@@ -30,15 +30,18 @@ struct UcxServerOptions {
   uint64_t max_pending_connections_per_host = 64;
   // Takes a lease for a client's kLease as `who` (the endpoint's principal: an admin when tickets are
   // not required), a serialized v1::ReadRequest in, a serialized v1::ReadResponse out, or an error
-  // (PERMISSION_DENIED for a namespace of another tenant), on the progress thread. Empty: the server
-  // offers no UCX leases.
+  // (PERMISSION_DENIED for a namespace of another tenant), on a call thread (concurrently with other
+  // calls). Empty: the server offers no UCX leases.
   using Handler = std::function<absl::StatusOr<std::string>(const Principal& who, std::string_view request)>;
   Handler lease;
   // Allocate and Commit for a client's kAllocate and kCommit, likewise (serialized v1::AllocateRequest
-  // and v1::CommitRequest in, their responses out), on the progress thread. Both empty or both set:
+  // and v1::CommitRequest in, their responses out), on a call thread. Both empty or both set:
   // with both, the hello reply offers kTakesPuts.
   Handler allocate;
   Handler commit;
+  // Threads that run the handlers above (the store's lock, and the disk behind it, stay off the
+  // progress thread). Default: 4.
+  int call_threads = 4;
   // The tickets of OpenUcxSession; borrowed, must outlive the UcxServer. Null or !required(): every
   // endpoint is served as an admin, as every gRPC call is without tokens.
   const UcxSessions* sessions = nullptr;
@@ -74,7 +77,8 @@ struct UcxServerOptions {
 // answered kRefused and its endpoint closed shortly after. Put tags are keyed per endpoint
 // (SessionPutTag), so a peer cannot slip bytes into another endpoint's put by guessing its tag. The
 // plane has no encryption: a peer that can read the wire can read payloads and tickets.
-// Thread-safety: Start/Shutdown/port from any thread; everything else runs on the progress thread.
+// Thread-safety: Start/Shutdown/port from any thread; everything else runs on the progress thread,
+// but for the control calls' handlers, which run on call_threads threads.
 class UcxServer {
  public:
   // Errors: InvalidArgument (bad address), Unavailable (UCX could not start or listen).
