@@ -60,6 +60,17 @@ ABSL_FLAG(std::string, redis, "redis-server",
           "redis-server binary for the Redis baseline (GET/SET through hiredis); empty = skip");
 ABSL_FLAG(int, repeat, 3, "passes over every row (limits included); each row reports its median pass");
 ABSL_FLAG(bool, json, false, "print the rows as one JSON object");
+ABSL_FLAG(std::string, clients, "1",
+          "concurrent clients of the UCX rows, each its own process (e.g. 1,4,16): one row per count");
+// Worker mode (set by the parent for --clients above 1): one client process's share of a row.
+ABSL_FLAG(std::string, worker_address, "", "internal: run as a client worker against this server");
+ABSL_FLAG(std::string, worker_tls, "", "internal: the worker's UCX_TLS");
+ABSL_FLAG(std::string, worker_op, "put", "internal: put or get");
+ABSL_FLAG(uint64_t, worker_block, 0, "internal: block bytes");
+ABSL_FLAG(uint32_t, worker_batch, 0, "internal: blocks per call");
+ABSL_FLAG(int, worker_calls, 0, "internal: timed calls");
+ABSL_FLAG(uint64_t, worker_seed, 0, "internal: key seed");
+ABSL_FLAG(int64_t, worker_start_unix_ms, 0, "internal: when the timed calls start");
 ABSL_FLAG(bool, smoke, false, "a tiny run for ctest: tcp only, 64 KiB blocks, batch 2, 3 calls, no perftest");
 
 namespace {
@@ -76,6 +87,7 @@ struct Row {
   std::string operation;  // get | put | copy | tag_bw
   uint64_t block_bytes = 0;
   uint32_t batch = 0;
+  int clients = 1;    // concurrent client processes (--clients); gbps is their sum
   double gbps = 0;    // 10^9 bytes/s, total bytes / total time
   double p50_us = 0;  // per call
   double p99_us = 0;
@@ -270,6 +282,126 @@ void MeasureClient(Client& client, const std::string& path, const std::string& t
                       us, block * batch);
   if (failed > 0) get.note = absl::StrCat(failed, " calls with misses");
   rows.push_back(get);
+}
+
+// Worker mode: connects to --worker_address over UCX, prepares its keys (a get worker puts its batch
+// once), waits for --worker_start_unix_ms, times --worker_calls calls and prints one JSON line:
+// {"start_us", "end_us" (Unix microseconds), "bytes", "failed", "call_us": [...]}. Exit 1 on errors.
+int RunWorker() {
+  const uint64_t block = absl::GetFlag(FLAGS_worker_block);
+  const uint32_t batch = absl::GetFlag(FLAGS_worker_batch);
+  const int calls = absl::GetFlag(FLAGS_worker_calls);
+  const bool put = absl::GetFlag(FLAGS_worker_op) == "put";
+  auto client = Client::Connect({.members = {absl::GetFlag(FLAGS_worker_address)},
+                                 .rpc_timeout = absl::Seconds(30),
+                                 .transport = "ucx",
+                                 .ucx_transports = absl::GetFlag(FLAGS_worker_tls)});
+  if (!client.ok()) {
+    std::fprintf(stderr, "transfer_bench worker: %s\n", std::string(client.status().message()).c_str());
+    return 1;
+  }
+  const Namespace ns = BenchNamespace(block);
+  std::vector<std::vector<std::byte>> data(batch, std::vector<std::byte>(block));
+  for (uint32_t b = 0; b < batch; ++b) {
+    for (uint64_t i = 0; i < block; i += 4096) data[b][i] = static_cast<std::byte>(b + i / 4096);
+  }
+  std::vector<std::span<const std::byte>> in(data.begin(), data.end());
+  std::vector<std::vector<std::byte>> out(batch, std::vector<std::byte>(block));
+  std::vector<std::span<std::byte>> views(out.begin(), out.end());
+  uint64_t seed = absl::GetFlag(FLAGS_worker_seed);
+  std::vector<std::vector<Fingerprint>> keys;
+  for (int i = 0; i < (put ? calls : 1); ++i) keys.push_back(Keys(ns, batch, ++seed));
+  if (!put && !(*client)->Put(ns, keys[0], 0, in).ok()) return 1;
+  const absl::Time start_at = absl::FromUnixMillis(absl::GetFlag(FLAGS_worker_start_unix_ms));
+  if (absl::Now() < start_at) absl::SleepFor(start_at - absl::Now());
+  std::vector<double> us;
+  int failed = 0;
+  const absl::Time t_start = absl::Now();
+  for (int i = 0; i < calls; ++i) {
+    const absl::Time t0 = absl::Now();
+    bool ok = false;
+    if (put) {
+      auto r = (*client)->Put(ns, keys[i], 0, in);
+      ok = r.ok() && std::all_of(r->begin(), r->end(), [](PutResult p) { return p == PutResult::kStored; });
+    } else {
+      auto r = (*client)->Get(ns, keys[0], 0, views);
+      ok = r.ok() && std::all_of(r->begin(), r->end(), [](GetResult g) { return g == GetResult::kHit; });
+    }
+    us.push_back(absl::ToDoubleMicroseconds(absl::Now() - t0));
+    failed += ok ? 0 : 1;
+  }
+  const absl::Time t_end = absl::Now();
+  std::printf("%s\n", nlohmann::json{{"start_us", absl::ToUnixMicros(t_start)},
+                                     {"end_us", absl::ToUnixMicros(t_end)},
+                                     {"bytes", block * batch * static_cast<uint64_t>(calls)},
+                                     {"failed", failed},
+                                     {"call_us", us}}
+                          .dump()
+                          .c_str());
+  std::fflush(stdout);
+  return 0;
+}
+
+// `clients` worker processes (RunWorker) against the server at `address`, started together: one row
+// whose GB/s is every worker's bytes over the span from the first start to the last end, and whose
+// p50/p99 are over every worker's calls.
+void MeasureClients(const std::string& address, const std::string& path, const std::string& tls, uint64_t block,
+                    uint32_t batch, int clients, std::vector<Row>& rows, uint64_t& seed) {
+  const std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
+  const int calls = std::max(3, Iterations(block * batch) / clients);
+  const int64_t start_ms = absl::ToUnixMillis(absl::Now()) + 1500 + 100 * clients;  // all connected by then
+  const std::string ops = absl::GetFlag(FLAGS_ops);
+  for (const std::string op : {"put", "get"}) {
+    if (ops.find(op) == std::string::npos) continue;
+    std::vector<pid_t> pids;
+    std::vector<std::string> logs;
+    char tmpl[] = "/tmp/kvtier-transfer-workers-XXXXXX";
+    if (mkdtemp(tmpl) == nullptr) return;
+    const std::string dir = tmpl;
+    const int64_t at = std::max(start_ms, absl::ToUnixMillis(absl::Now()) + 1500 + 100 * clients);
+    for (int c = 0; c < clients; ++c) {
+      logs.push_back(absl::StrCat(dir, "/worker-", c, ".log"));
+      seed += 1000003;
+      pids.push_back(Spawn({self, "--worker_address=" + address, "--worker_tls=" + tls,
+                            absl::StrCat("--worker_op=", op), absl::StrCat("--worker_block=", block),
+                            absl::StrCat("--worker_batch=", batch), absl::StrCat("--worker_calls=", calls),
+                            absl::StrCat("--worker_seed=", seed), absl::StrCat("--worker_start_unix_ms=", at)},
+                           {}, logs.back()));
+    }
+    Row row{
+        .path = path, .transport = "ucx", .operation = op, .block_bytes = block, .batch = batch, .clients = clients};
+    std::vector<double> us;
+    int64_t first = INT64_MAX, last = 0;
+    uint64_t bytes = 0;
+    int failed = 0, lost = 0;
+    for (int c = 0; c < clients; ++c) {
+      int status = 0;
+      waitpid(pids[c], &status, 0);
+      std::ifstream in(logs[c]);
+      std::string line, report;
+      while (std::getline(in, line)) {
+        if (!line.empty() && line[0] == '{') report = line;
+      }
+      auto j = nlohmann::json::parse(report, nullptr, false);
+      if (!WIFEXITED(status) || WEXITSTATUS(status) != 0 || j.is_discarded()) {
+        ++lost;
+        continue;
+      }
+      first = std::min(first, j["start_us"].get<int64_t>());
+      last = std::max(last, j["end_us"].get<int64_t>());
+      bytes += j["bytes"].get<uint64_t>();
+      failed += j["failed"].get<int>();
+      for (double u : j["call_us"]) us.push_back(u);
+    }
+    std::filesystem::remove_all(dir);
+    row.calls = static_cast<int>(us.size());
+    row.gbps = last > first ? static_cast<double>(bytes) / (static_cast<double>(last - first) * 1e3) : 0;
+    row.p50_us = Percentile(us, 0.5);
+    row.p99_us = Percentile(us, 0.99);
+    if (lost > 0) row.note = absl::StrCat(lost, " of ", clients, " workers failed");
+    if (failed > 0) row.note += absl::StrCat(row.note.empty() ? "" : "; ", failed, " calls not fully done");
+    rows.push_back(row);
+  }
 }
 
 // Where MeasureMemcpy leaves the checksums it computed, so that the compiler cannot drop them.
@@ -552,6 +684,16 @@ bool MeasureOnce(const BenchPlan& plan, std::vector<Row>& rows, bool& ok) {
       }
       ok &= (*client)->stats().misses_from_errors.load() == 0;
     }
+    // Concurrent clients, each its own process, against the server without tokens.
+    for (uint64_t n_clients : ParseList(absl::GetFlag(FLAGS_clients))) {
+      if (n_clients <= 1) continue;
+      for (uint64_t b : blocks) {
+        for (uint64_t n : batches) {
+          MeasureClients(absl::StrCat("127.0.0.1:", srv->grpc_port), path, UcxTls(path), b, static_cast<uint32_t>(n),
+                         static_cast<int>(n_clients), rows, seed);
+        }
+      }
+    }
   }
   if (do_memcpy) {
     for (uint64_t b : blocks) {
@@ -571,11 +713,12 @@ bool MeasureOnce(const BenchPlan& plan, std::vector<Row>& rows, bool& ok) {
 // gbps_max keep the spread. Rows missing from some pass (a limit that did not run) use the passes they
 // are in.
 std::vector<Row> MedianRows(const std::vector<std::vector<Row>>& passes) {
-  std::map<std::tuple<std::string, std::string, std::string, uint64_t, uint32_t>, std::vector<Row>> by_key;
-  std::vector<std::tuple<std::string, std::string, std::string, uint64_t, uint32_t>> order;
+  using Key = std::tuple<std::string, std::string, std::string, uint64_t, uint32_t, int>;
+  std::map<Key, std::vector<Row>> by_key;
+  std::vector<Key> order;
   for (const auto& pass : passes) {
     for (const Row& r : pass) {
-      auto key = std::make_tuple(r.path, r.transport, r.operation, r.block_bytes, r.batch);
+      auto key = std::make_tuple(r.path, r.transport, r.operation, r.block_bytes, r.batch, r.clients);
       auto [it, inserted] = by_key.try_emplace(key);
       if (inserted) order.push_back(key);
       it->second.push_back(r);
@@ -604,6 +747,7 @@ int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   setenv("UCX_NET_DEVICES", "lo", /*overwrite=*/0);  // stay on 127.0.0.1 (TOOLCHAIN.md pitfall 6)
   std::signal(SIGPIPE, SIG_IGN);
+  if (!absl::GetFlag(FLAGS_worker_address).empty()) return RunWorker();
 
   std::vector<std::string> paths = absl::StrSplit(absl::GetFlag(FLAGS_paths), ',', absl::SkipEmpty());
   std::vector<uint64_t> blocks = ParseList(absl::GetFlag(FLAGS_block_bytes));
@@ -658,17 +802,21 @@ int main(int argc, char** argv) {
   std::map<std::pair<std::string, uint64_t>, double> perf;
   std::map<std::pair<uint64_t, uint32_t>, double> copy;
   std::map<std::tuple<std::string, uint64_t, uint32_t>, double> redis_gbps;  // (op, block, batch)
+  // UCX rows of one client, (path, op, block, batch): what the rows of several clients scale against.
+  std::map<std::tuple<std::string, std::string, uint64_t, uint32_t>, double> one_client;
   for (const Row& r : rows) {
     if (r.transport == "ucx_perftest") perf[{r.path, r.block_bytes}] = r.gbps;
     if (r.transport == "memcpy") copy[{r.block_bytes, r.batch}] = r.gbps;
     if (r.transport == "redis") redis_gbps[{r.operation, r.block_bytes, r.batch}] = r.gbps;
+    if (r.transport == "ucx" && r.clients == 1) one_client[{r.path, r.operation, r.block_bytes, r.batch}] = r.gbps;
   }
   nlohmann::json out = nlohmann::json::array();
   for (const Row& r : rows) {
     nlohmann::json j = {
-        {"path", r.path},   {"transport", r.transport}, {"operation", r.operation}, {"block_bytes", r.block_bytes},
-        {"batch", r.batch}, {"gbps", r.gbps},           {"p50_us", r.p50_us},       {"p99_us", r.p99_us},
-        {"calls", r.calls}, {"passes", r.passes},       {"gbps_min", r.gbps_min},   {"gbps_max", r.gbps_max}};
+        {"path", r.path},        {"transport", r.transport}, {"operation", r.operation}, {"block_bytes", r.block_bytes},
+        {"batch", r.batch},      {"clients", r.clients},     {"gbps", r.gbps},           {"p50_us", r.p50_us},
+        {"p99_us", r.p99_us},    {"calls", r.calls},         {"passes", r.passes},       {"gbps_min", r.gbps_min},
+        {"gbps_max", r.gbps_max}};
     if (auto it = perf.find({r.path, r.block_bytes}); it != perf.end() && r.transport == "ucx" && it->second > 0) {
       j["ratio_to_ucx_perftest"] = r.gbps / it->second;
     }
@@ -679,7 +827,13 @@ int main(int argc, char** argv) {
         it != redis_gbps.end() && r.transport != "redis" && it->second > 0) {
       j["ratio_to_redis"] = r.gbps / it->second;
     }
-    if (!r.note.empty()) j["note"] = r.note;
+    if (auto it = one_client.find({r.path, r.operation, r.block_bytes, r.batch});
+        r.clients > 1 && it != one_client.end() && it->second > 0) {
+      j["ratio_to_one_client"] = r.gbps / it->second;
+      j["note"] = absl::StrFormat("%.2fx one client%s%s", r.gbps / it->second, r.note.empty() ? "" : "; ", r.note);
+    } else if (!r.note.empty()) {
+      j["note"] = r.note;
+    }
     out.push_back(j);
   }
   if (absl::GetFlag(FLAGS_json)) {
@@ -690,9 +844,11 @@ int main(int argc, char** argv) {
     for (const auto& j : out) {
       std::printf(
           "%-5s %-12s %-6s %10llu %5u %8.2f %12s %10.1f %10.1f %8s %8s %8s  %s\n", j["path"].get<std::string>().c_str(),
-          j["transport"].get<std::string>().c_str(), j["operation"].get<std::string>().c_str(),
-          static_cast<unsigned long long>(j["block_bytes"].get<uint64_t>()), j["batch"].get<uint32_t>(),
-          j["gbps"].get<double>(),
+          (j["clients"].get<int>() > 1 ? absl::StrCat(j["transport"].get<std::string>(), " x", j["clients"].get<int>())
+                                       : j["transport"].get<std::string>())
+              .c_str(),
+          j["operation"].get<std::string>().c_str(), static_cast<unsigned long long>(j["block_bytes"].get<uint64_t>()),
+          j["batch"].get<uint32_t>(), j["gbps"].get<double>(),
           absl::StrFormat("%.2f-%.2f", j["gbps_min"].get<double>(), j["gbps_max"].get<double>()).c_str(),
           j["p50_us"].get<double>(), j["p99_us"].get<double>(),
           j.contains("ratio_to_ucx_perftest")
@@ -703,6 +859,6 @@ int main(int argc, char** argv) {
           j.contains("note") ? j["note"].get<std::string>().c_str() : "");
     }
   }
-  for (const Row& r : rows) ok &= r.note.empty() || r.transport == "ucx_perftest";
+  for (const Row& r : rows) ok &= r.note.empty() || r.transport == "ucx_perftest";  // the scaling note is not a row's
   return ok ? 0 : 1;
 }
