@@ -736,11 +736,11 @@ class Client::Impl {
     v1::AllocateResponse aresp;
     bool reserved = false;
     if (control_over_ucx) {
-      // Answered in well under a millisecond; one not answered within a quarter of the call's time (at
-      // least 100 ms) is asked of gRPC, and the endpoint is dropped (see GetOverUcx). A reservation the
-      // server took anyway ends at its reservation_ttl.
-      auto answer = ucx->Allocate(*ucx_endpoint, areq.SerializeAsString(),
-                                  absl::Now() + std::max(absl::Milliseconds(100), options.rpc_timeout / 4));
+      // The call's whole deadline, as the Allocate RPC gets: reserving may evict (and spill) first. A
+      // reservation the server made for an answer that came too late holds the keys until its
+      // reservation_ttl, so a late answer is not retried over gRPC (it would find them in progress):
+      // this batch's blocks are errors. An endpoint that failed before answering is retried over gRPC.
+      auto answer = ucx->Allocate(*ucx_endpoint, areq.SerializeAsString(), absl::Now() + options.rpc_timeout);
       if (!answer.ok() && IsRefusal(answer.status().code())) {
         stats.rpc_errors.fetch_add(1, std::memory_order_relaxed);
         return member.Refused("Allocate", answer.status());  // it answered: the endpoint is fine
@@ -753,9 +753,9 @@ class Client::Impl {
         UcxEndpointFailed(member, *ucx_endpoint);
         ucx_endpoint.reset();  // this batch's bytes go over gRPC
         control_over_ucx = false;
-        if (options.transport == "ucx") {
+        if (options.transport == "ucx" || answer.status().code() == absl::StatusCode::kDeadlineExceeded) {
           stats.rpc_errors.fetch_add(1, std::memory_order_relaxed);
-          return absl::OkStatus();  // no fallback: all kError
+          return absl::OkStatus();  // all kError
         }
       }
     }
