@@ -187,7 +187,7 @@ int main(int argc, char** argv) {
           "\"hit_blocks\":%llu,\"blocks\":%llu,"
           "\"hit_ratio\":%.6f,\"belady_fraction\":%.4f,\"evictions\":%llu,\"not_admitted\":%llu,"
           "\"disk_hit_blocks\":%llu,\"demotions\":%llu,\"promotions\":%llu,\"disk_evictions\":%llu,"
-          "\"disk_refused\":%llu,\"seconds\":%.3f}\n",
+          "\"disk_refused\":%llu,\"orphaning_drops\":%llu,\"seconds\":%.3f}\n",
           p.policy.c_str(), p.capacity_blocks == 0 ? "null" : cap.c_str(),
           static_cast<unsigned long long>(p.policy == "belady" ? 0 : disk_blocks_at(p.capacity_blocks)), nodes,
           static_cast<unsigned long long>(p.hit_blocks), static_cast<unsigned long long>(p.blocks), p.hit_ratio,
@@ -195,7 +195,7 @@ int main(int argc, char** argv) {
           static_cast<unsigned long long>(p.not_admitted), static_cast<unsigned long long>(p.disk_hit_blocks),
           static_cast<unsigned long long>(p.demotions), static_cast<unsigned long long>(p.promotions),
           static_cast<unsigned long long>(p.disk_evictions), static_cast<unsigned long long>(p.disk_refused),
-          p.seconds);
+          static_cast<unsigned long long>(p.orphaning_drops), p.seconds);
     } else if (disk_capacity != 0 && p.policy != "belady") {
       std::printf("%-12s %12s %10.4f %9s %12llu %12llu %8.2f %10.4f %12llu %12.3f\n", p.policy.c_str(), cap.c_str(),
                   p.hit_ratio, p.belady_fraction > 0 ? absl::StrFormat("%.1f%%", 100 * p.belady_fraction).c_str() : "-",
@@ -254,6 +254,7 @@ int main(int argc, char** argv) {
               .promotions = r->promotions,
               .disk_evictions = r->disk_evictions,
               .disk_refused = r->disk_refused,
+              .orphaning_drops = r->orphaning_drops,
               .seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()});
     }
   }

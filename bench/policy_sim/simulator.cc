@@ -81,6 +81,21 @@ absl::StatusOr<SimResult> SimulatePolicy(const SimTrace& trace, const PolicyFact
   const uint64_t block_bytes = options.block_bytes != 0 ? options.block_bytes : uint64_t{trace.block_tokens} * 1024;
   std::vector<uint32_t> handle_of(trace.num_distinct_blocks(), kNil);
   std::vector<uint8_t> tier_of(trace.num_distinct_blocks(), kAbsent);
+  // The chain: each block's parent (the block before it in the first request that named it, kNil at
+  // depth 0) and how many of its children are in some tier.
+  std::vector<uint32_t> parent_of(trace.num_distinct_blocks(), kNil);
+  {
+    std::vector<bool> seen(trace.num_distinct_blocks(), false);
+    for (size_t r = 0; r < trace.num_requests(); ++r) {
+      for (uint64_t p = trace.offsets[r]; p < trace.offsets[r + 1]; ++p) {
+        const uint32_t b = trace.blocks[p];
+        if (seen[b]) continue;
+        seen[b] = true;
+        if (p > trace.offsets[r]) parent_of[b] = trace.blocks[p - 1];
+      }
+    }
+  }
+  std::vector<uint32_t> present_children(trace.num_distinct_blocks(), 0);
   std::vector<uint32_t> requests_of;  // by block: requests that named it so far (disk admission only)
   if (options.disk_admit_min_requests > 1) requests_of.assign(trace.num_distinct_blocks(), 0);
   SimResult result;
@@ -88,6 +103,8 @@ absl::StatusOr<SimResult> SimulatePolicy(const SimTrace& trace, const PolicyFact
 
   auto drop = [&](Node& node, uint32_t h) {
     const uint32_t b = node.block_of[h];
+    if (present_children[b] > 0) ++result.orphaning_drops;
+    if (parent_of[b] != kNil) --present_children[parent_of[b]];
     handle_of[b] = kNil;
     tier_of[b] = kAbsent;
     node.free_handles.push_back(h);
@@ -193,6 +210,7 @@ absl::StatusOr<SimResult> SimulatePolicy(const SimTrace& trace, const PolicyFact
       node.namespace_of[h] = access.namespace_id;
       handle_of[b] = h;
       tier_of[b] = kHost;
+      if (parent_of[b] != kNil) ++present_children[parent_of[b]];
       ++node.used;
       node.policy->OnInsert(h, access);
     }

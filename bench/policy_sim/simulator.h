@@ -50,6 +50,9 @@ struct SimResult {
   uint64_t promotions = 0;       // disk -> host
   uint64_t disk_evictions = 0;   // dropped from the disk tier
   uint64_t disk_refused = 0;     // host victims not written to disk by the admission rule
+  // Blocks dropped from every tier while a child of theirs (the next block of a request that named
+  // them, first such request) stayed in some tier: each leaves an unreachable tail behind.
+  uint64_t orphaning_drops = 0;
   double hit_ratio() const { return blocks == 0 ? 0.0 : static_cast<double>(hit_blocks) / blocks; }
 };
 
