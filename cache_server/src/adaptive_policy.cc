@@ -20,6 +20,12 @@ constexpr double kScoreWindow = 16384;   // sampled touches per halving of the s
 constexpr double kSwitchMargin = 0.02;   // the other expert must lead by 2% ...
 constexpr double kSwitchMinHits = 8;     // ... and 8 hits to take over
 constexpr uint64_t kDecisionEvery = 32;  // sampled touches between two decisions
+// A tier whose blocks leave, other than as victims, at least once per 256 inserts (counts that halve
+// every kTierWindow inserts, from 1,024 inserts on) is a lower tier: it receives the victims of the
+// tier above and gives its hits back to it as promotions. It follows recency.
+constexpr double kLowerTierLeaveShare = 1.0 / 256;
+constexpr double kLowerTierMinInserts = 1024;
+constexpr double kTierWindow = 65536;
 
 // Recency by prompt: the victim is the entry whose prompt started least recently, where an entry's
 // start is the touch counter at its last touch minus its depth (so the blocks of one prompt are equally
@@ -144,6 +150,10 @@ class AdaptivePolicy final : public EvictionPolicy {
     key_hash_[h] = access.key_hash;
     live_[h] = true;
     peak_resident_ = std::max(peak_resident_, resident_);
+    if (++inserts_ >= kTierWindow) {
+      inserts_ /= 2;
+      leaves_ /= 2;
+    }
     Observe(access);
     for (auto& e : experts_) e->OnInsert(h, access);
   }
@@ -160,6 +170,7 @@ class AdaptivePolicy final : public EvictionPolicy {
     }
     const bool victim = last_pick_.has_value() && *last_pick_ == h;
     last_pick_.reset();
+    if (!victim) leaves_ += 1;
     if (!victim && ShadowSampled(key_hash_[h])) {
       for (int e : {kRecency, kFrequency}) Score(e, shadows_[e].Leave(key_hash_[h]));
     }
@@ -168,7 +179,8 @@ class AdaptivePolicy final : public EvictionPolicy {
     for (auto& e : experts_) e->OnErase(h);
   }
   std::optional<EntryHandle> PickVictim(absl::FunctionRef<bool(EntryHandle)> eligible) override {
-    last_pick_ = experts_[expert_]->PickVictim(eligible);
+    const bool lower_tier = inserts_ >= kLowerTierMinInserts && leaves_ >= kLowerTierLeaveShare * inserts_;
+    last_pick_ = experts_[lower_tier ? kRecency : expert_]->PickVictim(eligible);
     return last_pick_;
   }
   const char* name() const override { return "adaptive"; }
@@ -212,6 +224,8 @@ class AdaptivePolicy final : public EvictionPolicy {
   size_t peak_resident_ = 0;
   uint64_t since_decision_ = 0;
   uint64_t since_halving_ = 0;
+  double inserts_ = 0;
+  double leaves_ = 0;
 };
 
 }  // namespace

@@ -167,6 +167,30 @@ TEST(AdaptivePolicyTest, FollowsFrequencyWhereAPrefixRepeats) {
   EXPECT_GE(static_cast<double>(adaptive), 0.95 * static_cast<double>(lrfu));
 }
 
+// 2,000 blocks pass through the tier, each leaving as this policy's victim (an upper tier) or taken
+// away without being named (promoted: a lower tier). Then block A is used 3 times in 2 s and block B
+// once, 1 s later: frequency evicts B, recency A. Returns the victim between the two.
+EntryHandle VictimAfterBlocksLeave(bool as_victims) {
+  auto p = Make("adaptive");
+  constexpr EntryHandle kFiller = 10, kA = 0, kB = 1;
+  for (uint64_t i = 0; i < 2000; ++i) {
+    p->OnInsert(kFiller, At(static_cast<double>(i) * 0.001, 0, 1'000'000 + i));
+    if (as_victims) {
+      EXPECT_EQ(p->PickVictim([](EntryHandle h) { return h == kFiller; }), kFiller);
+    }
+    p->OnErase(kFiller);
+  }
+  p->OnInsert(kA, At(10, 0, 1));
+  p->OnAccess(kA, At(11, 0, 1));
+  p->OnAccess(kA, At(12, 0, 1));
+  p->OnInsert(kB, At(13, 0, 2));
+  return *p->PickVictim(kAny);
+}
+
+TEST(AdaptivePolicyTest, AnUpperTierStartsWithFrequency) { EXPECT_EQ(VictimAfterBlocksLeave(true), 1u); }
+
+TEST(AdaptivePolicyTest, ALowerTierFollowsRecency) { EXPECT_EQ(VictimAfterBlocksLeave(false), 0u); }
+
 // The same replay twice gives the same hits (the policy is deterministic).
 TEST(AdaptivePolicyTest, IsDeterministic) {
   const std::vector<Request> requests = PollutionThenLoop();
