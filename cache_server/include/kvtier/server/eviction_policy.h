@@ -129,7 +129,8 @@ std::unique_ptr<EvictionPolicy> NewPrefixLrfuPolicy();
 // the shadows, about an eighth of that again. Measurements: bench/policy_sim/README.md.
 std::unique_ptr<EvictionPolicy> NewAdaptivePolicy();
 
-// The names NewEvictionPolicy() knows, the default ("lru") first.
+// The names NewEvictionPolicy() knows, BlockStoreOptions' default ("lru") first (servers default to
+// "adaptive": ServerOptions::eviction_policy).
 std::vector<std::string> EvictionPolicyNames();
 
 // The policy called `name` (one of EvictionPolicyNames()), with `options` for those that take any.
