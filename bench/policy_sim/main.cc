@@ -36,6 +36,14 @@ ABSL_FLAG(std::string, sweep, "",
 ABSL_FLAG(uint64_t, disk_capacity, 0,
           "the server's tier structure: a disk tier of this many blocks (over all nodes) below each host "
           "capacity of the sweep, with demotion on host eviction (0 = a single tier; not for belady)");
+ABSL_FLAG(double, disk_ratio, 0,
+          "the tier structure with a disk tier of this many times each host capacity of the sweep (0 = none; "
+          "instead of --disk_capacity)");
+ABSL_FLAG(std::string, disk_policy, "",
+          "with --disk_capacity: the disk tier's own policy (a server policy name; empty = the host tier's)");
+ABSL_FLAG(uint32_t, disk_admit_min_requests, 0,
+          "with --disk_capacity: write a host victim to disk only if its block was requested at least this "
+          "many times so far (0 or 1 = every victim)");
 ABSL_FLAG(bool, promote_on_hit, true, "with --disk_capacity: a hit on a disk block moves it back to host");
 ABSL_FLAG(uint32_t, nodes, 1, "hash-partition the blocks over N nodes, each with capacity / N and its own policy");
 ABSL_FLAG(double, frequency_weight, kvtier::server::EvictionPolicyOptions{}.frequency_weight,
@@ -128,7 +136,24 @@ int main(int argc, char** argv) {
   const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const bool json = absl::GetFlag(FLAGS_json);
   const uint32_t nodes = absl::GetFlag(FLAGS_nodes);
-  const uint64_t disk_capacity = absl::GetFlag(FLAGS_disk_capacity);
+  const double disk_ratio = absl::GetFlag(FLAGS_disk_ratio);
+  if (!(disk_ratio >= 0) || (disk_ratio > 0 && absl::GetFlag(FLAGS_disk_capacity) != 0)) {
+    return Fail("--disk_ratio must be >= 0, and not given with --disk_capacity");
+  }
+  // The table's and JSON's disk column: the flag, or (with --disk_ratio) nonzero for "tiered".
+  const uint64_t disk_capacity = disk_ratio > 0 ? 1 : absl::GetFlag(FLAGS_disk_capacity);
+  const std::string disk_policy = absl::GetFlag(FLAGS_disk_policy);
+  if (!disk_policy.empty()) {
+    if (disk_capacity == 0) return Fail("--disk_policy needs --disk_capacity or --disk_ratio");
+    if (auto p = kvtier::server::NewEvictionPolicy(disk_policy, policy_options); !p.ok()) {
+      return Fail(std::string(p.status().message()));
+    }
+  }
+  const uint32_t admit_min_requests = absl::GetFlag(FLAGS_disk_admit_min_requests);
+  const auto disk_blocks_at = [&](uint64_t capacity) -> uint64_t {
+    return disk_ratio > 0 ? static_cast<uint64_t>(std::llround(disk_ratio * static_cast<double>(capacity)))
+                          : disk_capacity;
+  };
   const bool promote_on_hit = absl::GetFlag(FLAGS_promote_on_hit);
   if (disk_capacity != 0 && std::find(capacities.begin(), capacities.end(), 0) != capacities.end()) {
     return Fail("--disk_capacity needs finite host capacities (drop inf)");
@@ -140,11 +165,16 @@ int main(int argc, char** argv) {
     std::printf("nodes %u; weighted: frequency %.3g, recency %.3g\n", nodes, policy_options.frequency_weight,
                 policy_options.recency_weight);
     if (disk_capacity != 0) {
-      std::printf("tiers: host = capacity, disk = %llu blocks (promote_on_hit %s); belady is single-tier\n",
-                  static_cast<unsigned long long>(disk_capacity), promote_on_hit ? "true" : "false");
+      const std::string disk = disk_ratio > 0 ? absl::StrCat(disk_ratio, " x capacity") : absl::StrCat(disk_capacity);
+      std::printf(
+          "tiers: host = capacity, disk = %s blocks (policy %s, admit after %u requests, promote_on_hit %s); "
+          "belady is single-tier\n",
+          disk.c_str(), disk_policy.empty() ? "as host" : disk_policy.c_str(), admit_min_requests,
+          promote_on_hit ? "true" : "false");
     }
-    std::printf("%-12s %12s %10s %9s %12s %12s %8s\n", "policy", "capacity", "hit_ratio", "%belady", "evictions",
+    std::printf("%-12s %12s %10s %9s %12s %12s %8s", "policy", "capacity", "hit_ratio", "%belady", "evictions",
                 "not_admitted", "seconds");
+    std::printf(disk_capacity != 0 ? " %10s %12s %12s\n" : "\n", "disk_hit", "disk_writes", "writes/hit");
   }
 
   std::vector<SweepPoint> points;
@@ -157,14 +187,22 @@ int main(int argc, char** argv) {
           "\"hit_blocks\":%llu,\"blocks\":%llu,"
           "\"hit_ratio\":%.6f,\"belady_fraction\":%.4f,\"evictions\":%llu,\"not_admitted\":%llu,"
           "\"disk_hit_blocks\":%llu,\"demotions\":%llu,\"promotions\":%llu,\"disk_evictions\":%llu,"
-          "\"seconds\":%.3f}\n",
+          "\"disk_refused\":%llu,\"orphaning_drops\":%llu,\"seconds\":%.3f}\n",
           p.policy.c_str(), p.capacity_blocks == 0 ? "null" : cap.c_str(),
-          static_cast<unsigned long long>(p.policy == "belady" ? 0 : disk_capacity), nodes,
+          static_cast<unsigned long long>(p.policy == "belady" ? 0 : disk_blocks_at(p.capacity_blocks)), nodes,
           static_cast<unsigned long long>(p.hit_blocks), static_cast<unsigned long long>(p.blocks), p.hit_ratio,
           p.belady_fraction, static_cast<unsigned long long>(p.evictions),
           static_cast<unsigned long long>(p.not_admitted), static_cast<unsigned long long>(p.disk_hit_blocks),
           static_cast<unsigned long long>(p.demotions), static_cast<unsigned long long>(p.promotions),
-          static_cast<unsigned long long>(p.disk_evictions), p.seconds);
+          static_cast<unsigned long long>(p.disk_evictions), static_cast<unsigned long long>(p.disk_refused),
+          static_cast<unsigned long long>(p.orphaning_drops), p.seconds);
+    } else if (disk_capacity != 0 && p.policy != "belady") {
+      std::printf("%-12s %12s %10.4f %9s %12llu %12llu %8.2f %10.4f %12llu %12.3f\n", p.policy.c_str(), cap.c_str(),
+                  p.hit_ratio, p.belady_fraction > 0 ? absl::StrFormat("%.1f%%", 100 * p.belady_fraction).c_str() : "-",
+                  static_cast<unsigned long long>(p.evictions), static_cast<unsigned long long>(p.not_admitted),
+                  p.seconds, p.blocks == 0 ? 0.0 : static_cast<double>(p.disk_hit_blocks) / p.blocks,
+                  static_cast<unsigned long long>(p.demotions),
+                  p.disk_hit_blocks == 0 ? 0.0 : static_cast<double>(p.demotions) / p.disk_hit_blocks);
     } else {
       std::printf("%-12s %12s %10.4f %9s %12llu %12llu %8.2f\n", p.policy.c_str(), cap.c_str(), p.hit_ratio,
                   p.belady_fraction > 0 ? absl::StrFormat("%.1f%%", 100 * p.belady_fraction).c_str() : "-",
@@ -176,8 +214,9 @@ int main(int argc, char** argv) {
   for (uint64_t capacity : capacities) {
     const kvtier::bench::SimOptions sim{.capacity_blocks = capacity, .nodes = nodes};
     kvtier::bench::SimOptions tiered = sim;
-    tiered.disk_capacity_blocks = disk_capacity;
+    tiered.disk_capacity_blocks = disk_blocks_at(capacity);
     tiered.promote_on_hit = promote_on_hit;
+    tiered.disk_admit_min_requests = admit_min_requests;
     double belady_ratio = 0;
     if (belady) {
       const auto start = std::chrono::steady_clock::now();
@@ -197,7 +236,10 @@ int main(int argc, char** argv) {
     for (const std::string& name : policies) {
       const auto start = std::chrono::steady_clock::now();
       auto r = kvtier::bench::SimulatePolicy(
-          *trace, [&] { return kvtier::server::NewEvictionPolicy(name, policy_options); }, tiered);
+          *trace, [&] { return kvtier::server::NewEvictionPolicy(name, policy_options); }, tiered,
+          disk_policy.empty() ? kvtier::bench::PolicyFactory(nullptr) : kvtier::bench::PolicyFactory([&] {
+            return kvtier::server::NewEvictionPolicy(disk_policy, policy_options);
+          }));
       if (!r.ok()) return Fail(std::string(r.status().message()));
       report({.policy = name,
               .capacity_blocks = capacity,
@@ -211,6 +253,8 @@ int main(int argc, char** argv) {
               .demotions = r->demotions,
               .promotions = r->promotions,
               .disk_evictions = r->disk_evictions,
+              .disk_refused = r->disk_refused,
+              .orphaning_drops = r->orphaning_drops,
               .seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()});
     }
   }

@@ -42,8 +42,8 @@ uint64_t LeadingRun(const SimTrace& trace, size_t r, Present present) {
 
 }  // namespace
 
-absl::StatusOr<SimResult> SimulatePolicy(const SimTrace& trace, const PolicyFactory& factory,
-                                         const SimOptions& options) {
+absl::StatusOr<SimResult> SimulatePolicy(const SimTrace& trace, const PolicyFactory& factory, const SimOptions& options,
+                                         const PolicyFactory& disk_factory) {
   if (absl::Status s = CheckOptions(options); !s.ok()) return s;
   const bool tiered = options.disk_capacity_blocks != 0;
   if (tiered && (options.capacity_blocks == 0 || options.disk_capacity_blocks < options.nodes)) {
@@ -71,7 +71,7 @@ absl::StatusOr<SimResult> SimulatePolicy(const SimTrace& trace, const PolicyFact
     nodes[n].policy = std::move(policy).value();
     nodes[n].capacity = NodeCapacity(options, n);
     if (tiered) {
-      auto disk_policy = factory();
+      auto disk_policy = disk_factory ? disk_factory() : factory();
       if (!disk_policy.ok()) return disk_policy.status();
       nodes[n].disk_policy = std::move(disk_policy).value();
       nodes[n].disk_capacity =
@@ -81,11 +81,30 @@ absl::StatusOr<SimResult> SimulatePolicy(const SimTrace& trace, const PolicyFact
   const uint64_t block_bytes = options.block_bytes != 0 ? options.block_bytes : uint64_t{trace.block_tokens} * 1024;
   std::vector<uint32_t> handle_of(trace.num_distinct_blocks(), kNil);
   std::vector<uint8_t> tier_of(trace.num_distinct_blocks(), kAbsent);
+  // The chain: each block's parent (the block before it in the first request that named it, kNil at
+  // depth 0) and how many of its children are in some tier.
+  std::vector<uint32_t> parent_of(trace.num_distinct_blocks(), kNil);
+  {
+    std::vector<bool> seen(trace.num_distinct_blocks(), false);
+    for (size_t r = 0; r < trace.num_requests(); ++r) {
+      for (uint64_t p = trace.offsets[r]; p < trace.offsets[r + 1]; ++p) {
+        const uint32_t b = trace.blocks[p];
+        if (seen[b]) continue;
+        seen[b] = true;
+        if (p > trace.offsets[r]) parent_of[b] = trace.blocks[p - 1];
+      }
+    }
+  }
+  std::vector<uint32_t> present_children(trace.num_distinct_blocks(), 0);
+  std::vector<uint32_t> requests_of;  // by block: requests that named it so far (disk admission only)
+  if (options.disk_admit_min_requests > 1) requests_of.assign(trace.num_distinct_blocks(), 0);
   SimResult result;
   const auto always = [](server::EntryHandle) { return true; };
 
   auto drop = [&](Node& node, uint32_t h) {
     const uint32_t b = node.block_of[h];
+    if (present_children[b] > 0) ++result.orphaning_drops;
+    if (parent_of[b] != kNil) --present_children[parent_of[b]];
     handle_of[b] = kNil;
     tier_of[b] = kAbsent;
     node.free_handles.push_back(h);
@@ -100,6 +119,11 @@ absl::StatusOr<SimResult> SimulatePolicy(const SimTrace& trace, const PolicyFact
       --node.used;
       ++result.evictions;
       if (!tiered) {
+        drop(node, *victim);
+        continue;
+      }
+      if (!requests_of.empty() && requests_of[node.block_of[*victim]] < options.disk_admit_min_requests) {
+        ++result.disk_refused;
         drop(node, *victim);
         continue;
       }
@@ -142,6 +166,7 @@ absl::StatusOr<SimResult> SimulatePolicy(const SimTrace& trace, const PolicyFact
       access.depth = static_cast<uint32_t>(p - trace.offsets[r]);
       access.namespace_id = trace.namespace_ids[r];
       const bool in_leading_run = p - trace.offsets[r] < hit;
+      if (!requests_of.empty()) ++requests_of[b];
       if (tier_of[b] != kAbsent) {  // as BlockStore::AccessOf: the depth and namespace of its insert
         access.depth = node.depth_of[handle_of[b]];
         access.namespace_id = node.namespace_of[handle_of[b]];
@@ -185,6 +210,7 @@ absl::StatusOr<SimResult> SimulatePolicy(const SimTrace& trace, const PolicyFact
       node.namespace_of[h] = access.namespace_id;
       handle_of[b] = h;
       tier_of[b] = kHost;
+      if (parent_of[b] != kNil) ++present_children[parent_of[b]];
       ++node.used;
       node.policy->OnInsert(h, access);
     }

@@ -12,7 +12,8 @@
 // is demoted to disk (the disk evicting by its own policy to make room; a block that is being promoted
 // is never the disk's victim); a block of a request's leading run that is on disk is promoted back to
 // host (promote_on_hit; the client fetches the leading run); a block after the leading run that is on
-// disk only refreshes its recency there (the server answers the put "already present").
+// disk only refreshes its recency there (the server answers the put "already present"). A demotion is
+// a disk write; disk_admit_min_requests can refuse the writes of blocks requested only once.
 #ifndef KVTIER_BENCH_POLICY_SIM_SIMULATOR_H_
 #define KVTIER_BENCH_POLICY_SIM_SIMULATOR_H_
 
@@ -33,6 +34,10 @@ struct SimOptions {
   // Disk tier below the host tier (capacity_blocks), over all nodes; 0 = none. SimulatePolicy only.
   uint64_t disk_capacity_blocks = 0;
   bool promote_on_hit = true;  // a hit on a disk block moves it back to the host tier
+  // Disk admission: a host victim is written to disk only if its block has been requested at least
+  // this many times (every request that named it, on any tier, since the start of the trace); the
+  // others are dropped. 0 or 1 = every victim is written.
+  uint32_t disk_admit_min_requests = 0;
 };
 
 struct SimResult {
@@ -44,19 +49,24 @@ struct SimResult {
   uint64_t demotions = 0;        // host -> disk
   uint64_t promotions = 0;       // disk -> host
   uint64_t disk_evictions = 0;   // dropped from the disk tier
+  uint64_t disk_refused = 0;     // host victims not written to disk by the admission rule
+  // Blocks dropped from every tier while a child of theirs (the next block of a request that named
+  // them, first such request) stayed in some tier: each leaves an unreachable tail behind.
+  uint64_t orphaning_drops = 0;
   double hit_ratio() const { return blocks == 0 ? 0.0 : static_cast<double>(hit_blocks) / blocks; }
 };
 
 using PolicyFactory = std::function<absl::StatusOr<std::unique_ptr<server::EvictionPolicy>>()>;
 
-// Replays `trace` through fresh policies from `factory` (one per node). BlockAccess carries the
+// Replays `trace` through fresh policies from `factory` (one per node and tier; the disk tier's from
+// `disk_factory` when it is given, a policy of its own below the host tier). BlockAccess carries the
 // block's depth in its request, the request's namespace, `block_bytes` and the request's time.
 // Handles are dense and the most recently freed one is reused first, as BlockStore does; a block keeps
 // its handle when it moves between tiers. `evictions` counts host evictions (demoted or dropped).
 // Errors: whatever `factory` returns; InvalidArgument when capacity_blocks < nodes, or
 // disk_capacity_blocks is neither 0 nor >= nodes, or a disk tier is asked for with infinite capacity.
-absl::StatusOr<SimResult> SimulatePolicy(const SimTrace& trace, const PolicyFactory& factory,
-                                         const SimOptions& options);
+absl::StatusOr<SimResult> SimulatePolicy(const SimTrace& trace, const PolicyFactory& factory, const SimOptions& options,
+                                         const PolicyFactory& disk_factory = nullptr);
 
 // Belady's per-block reference: the victim is the cached block whose next use is farthest; an
 // incoming block whose next use is farther than every cached block's, or that is never used again, is

@@ -23,7 +23,9 @@ struct SweepPoint {
   uint64_t demotions = 0;
   uint64_t promotions = 0;
   uint64_t disk_evictions = 0;
-  double seconds = 0;  // wall time of the replay
+  uint64_t disk_refused = 0;     // host victims the disk admission rule did not write
+  uint64_t orphaning_drops = 0;  // blocks dropped while a child stayed (SimResult::orphaning_drops)
+  double seconds = 0;            // wall time of the replay
 };
 
 // policy,capacity_blocks,hit_ratio,belady_fraction,hit_blocks,blocks,evictions,not_admitted,seconds;

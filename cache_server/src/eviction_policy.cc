@@ -90,7 +90,7 @@ absl::Status EvictionPolicyOptions::Validate() const {
   return absl::OkStatus();
 }
 
-std::vector<std::string> EvictionPolicyNames() { return {"lru", "weighted", "prefix_lrfu"}; }
+std::vector<std::string> EvictionPolicyNames() { return {"lru", "weighted", "prefix_lrfu", "adaptive"}; }
 
 absl::StatusOr<std::unique_ptr<EvictionPolicy>> NewEvictionPolicy(const std::string& name) {
   return NewEvictionPolicy(name, EvictionPolicyOptions{});
@@ -102,6 +102,7 @@ absl::StatusOr<std::unique_ptr<EvictionPolicy>> NewEvictionPolicy(const std::str
   if (name == "lru") return NewLruPolicy();
   if (name == "weighted") return NewWeightedPolicy(options);
   if (name == "prefix_lrfu") return NewPrefixLrfuPolicy();
+  if (name == "adaptive") return NewAdaptivePolicy();
   return absl::InvalidArgumentError(
       absl::StrCat("eviction policy \"", name, "\" is unknown; known: ", absl::StrJoin(EvictionPolicyNames(), ", ")));
 }

@@ -24,7 +24,7 @@ ABSL_FLAG(std::string, health_address, "",
           "plain grpc.health.v1 host:port for probes, or \"none\" (server.health_address)");
 ABSL_FLAG(std::string, host_cache_bytes, "", "host memory for blocks, e.g. 2GiB (host_tier.capacity_bytes)");
 ABSL_FLAG(std::string, slab_bytes, "", "slab size, e.g. 64MiB (host_tier.slab_bytes)");
-ABSL_FLAG(std::string, eviction_policy, "", "lru, weighted or prefix_lrfu (eviction.policy)");
+ABSL_FLAG(std::string, eviction_policy, "", "adaptive (default), lru, weighted or prefix_lrfu (eviction.policy)");
 ABSL_FLAG(std::string, disk_path, "", "RocksDB directory of the disk tier (disk_tier.path)");
 ABSL_FLAG(std::string, disk_capacity_bytes, "", "disk tier budget, e.g. 100GiB (disk_tier.capacity_bytes)");
 ABSL_FLAG(std::string, disk_min_free_bytes, "",

@@ -103,7 +103,34 @@ std::unique_ptr<EvictionPolicy> NewWeightedPolicy(const EvictionPolicyOptions& o
 // O(log n) per touch and per victim (a B-tree keyed by log2(value) + t / H), plus the candidates skipped.
 std::unique_ptr<EvictionPolicy> NewPrefixLrfuPolicy();
 
-// The names NewEvictionPolicy() knows, the default ("lru") first.
+// "adaptive": follows whichever of two experts would hit more on this instance's own traffic (one
+// instance per tier of a node), as measured by two miniature caches:
+//   - recency: LRU by prompt; an entry's start is the touch counter at its last touch minus its depth
+//     (the blocks of one prompt are equally recent), the least recent start goes first, ties to the
+//     deeper block;
+//   - frequency: a prefix_lrfu instance (above), with its own history and half-life.
+// Both experts see every call and order all entries; PickVictim asks the one followed. The shadows:
+// for 1/8 of the key hashes (a fixed hash, SHARDS-style sampling), each expert alone runs a cache of
+// peak-resident-count / 8 blocks and counts its hits (a touch of a block it holds, or a block it
+// holds leaving this tier other than as this policy's victim, i.e. other than by an OnErase of the entry
+// the latest PickVictim named, with no call between: a promotion or a delete). The counts
+// halve every 16,384 sampled touches; every 32 the policy switches to the other expert when its count
+// exceeds the followed one's by 2% and 8 hits. It starts with frequency.
+// A lower tier follows recency whatever the shadows say: an instance whose entries leave other than
+// as its victims (promotions to the tier above, deletes) at least once per 256 inserts, over the latest
+// ~65,536 inserts (from 1,024 on). Such a tier receives the upper tier's victims, whose frequency
+// history it never saw, and with frequency on both tiers a disk tier lost up to 0.039 of hit ratio to
+// LRU in our replays; with recency below it stays at or above LRU.
+// Both experts consume chains from the tail (an ancestor is touched whenever its descendants are, ties
+// go to the deeper block), so a victim has no resident descendant among the blocks of the prompts that
+// touched it. Needs key_hash (0: no sampling, it stays with frequency, i.e. prefix_lrfu).
+// O(log n) per touch (both experts, and both shadows for the sampled 1/8), O(log n) per victim, plus the
+// candidates skipped; memory: both experts' per-entry state (prefix_lrfu's history included) plus
+// the shadows, about an eighth of that again. Measurements: bench/policy_sim/README.md.
+std::unique_ptr<EvictionPolicy> NewAdaptivePolicy();
+
+// The names NewEvictionPolicy() knows, BlockStoreOptions' default ("lru") first (servers default to
+// "adaptive": ServerOptions::eviction_policy).
 std::vector<std::string> EvictionPolicyNames();
 
 // The policy called `name` (one of EvictionPolicyNames()), with `options` for those that take any.

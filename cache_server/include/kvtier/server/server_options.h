@@ -63,7 +63,7 @@ struct ServerOptions {
   uint32_t max_blocks_per_request = 65536;   // Default: 64 Ki keys per RPC
   uint64_t max_message_bytes = 80ULL << 20;  // Default: 80 MiB gRPC messages both ways
   uint64_t stream_chunk_bytes = 1ULL << 20;  // Default: 1 MiB per streamed data message
-  std::string eviction_policy = "lru";       // "lru", "weighted" or "prefix_lrfu"
+  std::string eviction_policy = "adaptive";  // "adaptive", "lru", "weighted" or "prefix_lrfu"
   double eviction_frequency_weight = 0.3;    // "weighted": the two weights, given as operators do
   double eviction_recency_weight = 0.7;      //   ("frequency, recency" = 0.3, 0.7)
   absl::Duration default_lease_ttl = absl::Seconds(10);
