@@ -107,10 +107,22 @@ grpc::Status CacheServiceImpl::Allocate(grpc::ServerContext* ctx, const v1::Allo
                                absl::StrCat("depths: ", req->depths_size(), " for ", p->keys.size(), " keys")));
   }
   const std::vector<uint32_t> depths(req->depths().begin(), req->depths().end());
+  if (req->block_meta_size() != 0 && static_cast<size_t>(req->block_meta_size()) != p->keys.size()) {
+    return Finish("Allocate", start,
+                  grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                               absl::StrCat("block_meta: ", req->block_meta_size(), " for ", p->keys.size(), " keys")));
+  }
+  std::vector<BlockMeta> block_meta;
+  block_meta.reserve(static_cast<size_t>(req->block_meta_size()));
+  for (int i = 0; i < req->block_meta_size(); ++i) {
+    auto m = wire::FromProto(req->block_meta(i), absl::StrCat("block_meta[", i, "]"));
+    if (!m.ok()) return Finish("Allocate", start, wire::ToGrpc(m.status()));
+    block_meta.push_back(*std::move(m));
+  }
   // A caller that has given up (deadline passed while the request waited, e.g. in a stopped process)
   // will never write or commit: reserving for it would hold slots until reservation_ttl.
   if (ctx->IsCancelled()) return Finish("Allocate", start, grpc::Status(grpc::StatusCode::CANCELLED, "caller gave up"));
-  auto r = store_.Allocate(p->ns, p->keys, depths);
+  auto r = store_.Allocate(p->ns, p->keys, depths, block_meta);
   if (!r.ok()) return Finish("Allocate", start, wire::ToGrpc(r.status()));
   if (ctx->IsCancelled() && !r->reservation_id.null()) {
     store_.Abort(r->reservation_id);
