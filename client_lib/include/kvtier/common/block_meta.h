@@ -70,8 +70,8 @@ struct EngineBlockHash {
 // disk tier's record) for as long as the block; about 4 KiB at most per block, outside the tiers'
 // byte budgets.
 struct BlockMeta {
-  EngineBlockHash hash;         // the engine's hash of this block
-  EngineBlockHash parent_hash;  // the engine's hash of the previous block of its chain; empty: the first
+  EngineBlockHash hash;             // the engine's hash of this block
+  EngineBlockHash parent_hash;      // the engine's hash of the previous block of its chain; empty: the first
   std::vector<uint32_t> token_ids;  // the block's token ids, at most kMaxBlockTokenIds
   std::optional<int64_t> lora_id;   // the LoRA adapter the block was computed with; nullopt: none
 
@@ -86,8 +86,8 @@ struct BlockMeta {
 // "block_meta[3]").
 inline absl::Status ValidateBlockMeta(const BlockMeta& m, const std::string& field) {
   if (m.token_ids.size() > kMaxBlockTokenIds) {
-    return absl::InvalidArgumentError(absl::StrCat(field, ".token_ids: ", m.token_ids.size(),
-                                                   " token ids, at most ", kMaxBlockTokenIds, " per block"));
+    return absl::InvalidArgumentError(absl::StrCat(field, ".token_ids: ", m.token_ids.size(), " token ids, at most ",
+                                                   kMaxBlockTokenIds, " per block"));
   }
   for (const auto* h : {&m.hash, &m.parent_hash}) {
     if (h->form == EngineBlockHash::Form::kBytes && (h->bytes.empty() || h->bytes.size() > kMaxEngineHashBytes)) {
