@@ -193,6 +193,7 @@ EntryHandle BlockStore::IndexDiskRecordLocked(const BlockKey& key, const DiskBlo
   e.checksum = meta.checksum;
   e.depth = meta.depth;
   e.access_count = meta.access_count;
+  e.block_meta = meta.block_meta;
   e.state = State::kCommitted;
   e.tier = Tier::kDisk;
   e.inserted_ns = e.last_access_ns = absl::ToUnixNanos(clock_->Now());
@@ -318,7 +319,8 @@ void BlockStore::DemoteOrDropLocked(EntryHandle h) {
                            .size_bytes = e.size_bytes,
                            .checksum = e.checksum,
                            .depth = e.depth,
-                           .access_count = e.access_count};
+                           .access_count = e.access_count,
+                           .block_meta = e.block_meta};
   const std::span<const std::byte> bytes(allocator_->Data(e.slot), e.size_bytes);
   // The checksum is verified whenever a block moves between tiers, so memory corruption never reaches disk.
   if (BlockChecksum(bytes.data(), bytes.size()) != e.checksum) {
@@ -359,7 +361,8 @@ BlockStore::DiskLoad BlockStore::LoadFromDiskLocked(EntryHandle h, std::vector<s
                            .size_bytes = e.size_bytes,
                            .checksum = e.checksum,
                            .depth = e.depth,
-                           .access_count = e.access_count};
+                           .access_count = e.access_count,
+                           .block_meta = e.block_meta};
   std::optional<SlotRef> slot;
   // A leased block moves up only within its tenant's pinned bound; past it, it is served from a buffer of
   // the lease's own and stays on disk, where its lease pins no host slot.
@@ -856,9 +859,16 @@ BlockAccess BlockStore::AccessOf(const Entry& e) const {
 }
 
 absl::StatusOr<BlockStore::AllocateResult> BlockStore::Allocate(const NamespaceRef& ns, std::span<const BlockKey> keys,
-                                                                std::span<const uint32_t> depths) {
+                                                                std::span<const uint32_t> depths,
+                                                                std::span<const BlockMeta> block_meta) {
   if (!depths.empty() && depths.size() != keys.size()) {
     return absl::InvalidArgumentError(absl::StrCat(depths.size(), " depths for ", keys.size(), " keys"));
+  }
+  if (!block_meta.empty() && block_meta.size() != keys.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("block_meta: ", block_meta.size(), " for ", keys.size(), " keys"));
+  }
+  for (size_t i = 0; i < block_meta.size(); ++i) {
+    KVTIER_RETURN_IF_ERROR(ValidateBlockMeta(block_meta[i], absl::StrCat("block_meta[", i, "]")));
   }
   // A block whose slot could not fit even an empty tier is refused before anything is evicted for it.
   if (ns.block_bytes == 0 || ns.block_bytes > allocator_->max_block_bytes()) {
@@ -932,6 +942,7 @@ absl::StatusOr<BlockStore::AllocateResult> BlockStore::Allocate(const NamespaceR
     e.state = State::kReserved;
     e.reservation_id = reservation_id;
     e.depth = depths.empty() ? 0 : depths[i];
+    if (!block_meta.empty() && !block_meta[i].empty()) e.block_meta = std::make_shared<const BlockMeta>(block_meta[i]);
     index_.emplace(keys[i], h);
     tenant_bytes_[ns.tenant_id] += ns.block_bytes;
     stats_.stored_bytes.fetch_add(allocator_->SlotBytesOf(*slot), std::memory_order_relaxed);
@@ -1471,7 +1482,8 @@ EventBlockInfo BlockStore::EventInfoOf(const Entry& e) const {
                         .tenant_id = e.tenant_id,
                         .tier = e.tier,
                         .depth = e.depth,
-                        .size_bytes = e.size_bytes};
+                        .size_bytes = e.size_bytes,
+                        .block_meta = e.block_meta};
 }
 
 void BlockStore::RestateToSinkLocked() {

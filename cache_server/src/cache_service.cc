@@ -125,8 +125,19 @@ absl::Status CacheServiceImpl::AllocateParsed(const Parsed& p, const v1::Allocat
     return absl::InvalidArgumentError(absl::StrCat("depths: ", req.depths_size(), " for ", p.keys.size(), " keys"));
   }
   const std::vector<uint32_t> depths(req.depths().begin(), req.depths().end());
+  if (req.block_meta_size() != 0 && static_cast<size_t>(req.block_meta_size()) != p.keys.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("block_meta: ", req.block_meta_size(), " for ", p.keys.size(), " keys"));
+  }
+  std::vector<BlockMeta> block_meta;
+  block_meta.reserve(static_cast<size_t>(req.block_meta_size()));
+  for (int i = 0; i < req.block_meta_size(); ++i) {
+    auto m = wire::FromProto(req.block_meta(i), absl::StrCat("block_meta[", i, "]"));
+    if (!m.ok()) return m.status();
+    block_meta.push_back(*std::move(m));
+  }
   if (cancelled()) return absl::CancelledError("caller gave up");
-  auto r = store_.Allocate(p.ns, p.keys, depths);
+  auto r = store_.Allocate(p.ns, p.keys, depths, block_meta);
   if (!r.ok()) return r.status();
   if (cancelled() && !r->reservation_id.null()) {
     store_.Abort(r->reservation_id);

@@ -320,6 +320,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
              options.events_vllm_block_hash == "bytes" ? VllmBlockHashForm::kBytes : VllmBlockHashForm::kInt,
          .vllm_encoding = options.events_vllm_encoding == "map" ? VllmEncoding::kMap : VllmEncoding::kArray,
          .vllm_data_parallel_rank = options.events_vllm_data_parallel_rank,
+         .backend_id = options.events_backend_id.empty() ? options.node_id : options.events_backend_id,
+         .instance_ids = options.events_instance_ids,
          .namespace_names = [p = impl.get()](uint64_t id) { return p->namespaces.Find(id); }});
     if (!events.ok()) return events.status();
     impl->events = std::move(events).value();

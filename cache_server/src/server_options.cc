@@ -76,6 +76,18 @@ Setter String(std::string ServerOptions::*field) {
     return absl::OkStatus();
   };
 }
+Setter StringList(std::vector<std::string> ServerOptions::*field) {
+  return [field](const std::string& key, const YAML::Node& v, ServerOptions& o) -> absl::Status {
+    if (!v.IsSequence()) return Bad(key, "must be a list of strings");
+    std::vector<std::string> out;
+    for (const YAML::Node& item : v) {
+      if (!item.IsScalar() || item.Scalar().empty()) return Bad(key, "must be a list of non-empty strings");
+      out.push_back(item.Scalar());
+    }
+    o.*field = std::move(out);
+    return absl::OkStatus();
+  };
+}
 template <typename T>
 Setter Bytes(T ServerOptions::*field) {
   return [field](const std::string& key, const YAML::Node& v, ServerOptions& o) -> absl::Status {
@@ -287,7 +299,9 @@ const std::map<std::string, std::map<std::string, Setter>>& Schema() {
         {"vllm_block_size", Count(&ServerOptions::events_vllm_block_size)},
         {"vllm_block_hash", String(&ServerOptions::events_vllm_block_hash)},
         {"vllm_encoding", String(&ServerOptions::events_vllm_encoding)},
-        {"vllm_data_parallel_rank", Count(&ServerOptions::events_vllm_data_parallel_rank)}}},
+        {"vllm_data_parallel_rank", Count(&ServerOptions::events_vllm_data_parallel_rank)},
+        {"backend_id", String(&ServerOptions::events_backend_id)},
+        {"instance_ids", StringList(&ServerOptions::events_instance_ids)}}},
       {"eviction",
        {{"policy", String(&ServerOptions::eviction_policy)},
         {"frequency_weight", Double(&ServerOptions::eviction_frequency_weight)},

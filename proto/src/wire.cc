@@ -119,4 +119,59 @@ void ConfigureServerBuilder(grpc::ServerBuilder& builder, uint64_t max_message_b
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
 }
 
+namespace {
+
+void HashToProto(const EngineBlockHash& h, v1::EngineBlockHash* out) {
+  switch (h.form) {
+    case EngineBlockHash::Form::kNone:
+      break;
+    case EngineBlockHash::Form::kInt:
+      out->set_int_value(h.int_value);
+      break;
+    case EngineBlockHash::Form::kUint:
+      out->set_uint_value(h.uint_value);
+      break;
+    case EngineBlockHash::Form::kBytes:
+      out->set_bytes_value(h.bytes);
+      break;
+  }
+}
+
+EngineBlockHash HashFromProto(const v1::EngineBlockHash& h) {
+  switch (h.value_case()) {
+    case v1::EngineBlockHash::kIntValue:
+      return EngineBlockHash::Int(h.int_value());  // a non-negative one becomes kUint
+    case v1::EngineBlockHash::kUintValue:
+      return EngineBlockHash::Uint(h.uint_value());
+    case v1::EngineBlockHash::kBytesValue:
+      return EngineBlockHash::Bytes(h.bytes_value());
+    case v1::EngineBlockHash::VALUE_NOT_SET:
+      break;
+  }
+  return EngineBlockHash();
+}
+
+}  // namespace
+
+void ToProto(const BlockMeta& meta, v1::EngineBlockMeta* out) {
+  if (!meta.hash.empty()) HashToProto(meta.hash, out->mutable_hash());
+  if (!meta.parent_hash.empty()) HashToProto(meta.parent_hash, out->mutable_parent_hash());
+  out->mutable_token_ids()->Add(meta.token_ids.begin(), meta.token_ids.end());
+  if (meta.lora_id.has_value()) out->set_lora_id(*meta.lora_id);
+}
+
+absl::StatusOr<BlockMeta> FromProto(const v1::EngineBlockMeta& meta, const std::string& field) {
+  if (static_cast<size_t>(meta.token_ids_size()) > kMaxBlockTokenIds) {  // before copying them
+    return absl::InvalidArgumentError(absl::StrCat(field, ".token_ids: ", meta.token_ids_size(), " token ids, at most ",
+                                                   kMaxBlockTokenIds, " per block"));
+  }
+  BlockMeta out;
+  if (meta.has_hash()) out.hash = HashFromProto(meta.hash());
+  if (meta.has_parent_hash()) out.parent_hash = HashFromProto(meta.parent_hash());
+  out.token_ids.assign(meta.token_ids().begin(), meta.token_ids().end());
+  if (meta.has_lora_id()) out.lora_id = meta.lora_id();
+  if (absl::Status s = ValidateBlockMeta(out, field); !s.ok()) return s;
+  return out;
+}
+
 }  // namespace kvtier::wire

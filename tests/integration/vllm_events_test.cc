@@ -13,11 +13,14 @@
 #include <fstream>
 #include <map>
 #include <memory>
+#include <optional>
 #include <random>
 #include <set>
 #include <string>
 #include <thread>
 #include <vector>
+
+#include <signal.h>
 
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
@@ -125,6 +128,7 @@ class VllmEventsTest : public ::testing::Test {
     std::vector<std::string> args = {"--config=" + config_, "--host_cache_bytes=1MiB", "--slab_bytes=1MiB",
                                      "--max_block_bytes=1MiB"};
     for (auto& a : ExtraArgs(dir)) args.push_back(std::move(a));
+    args_ = args;
     auto p = ServerProcess::Start("vllm-node", args);
     ASSERT_OK(p);
     proc_ = std::move(p).value();
@@ -279,6 +283,7 @@ class VllmEventsTest : public ::testing::Test {
   std::string config_;
   int pub_port_ = 0;
   int replay_port_ = 0;
+  std::vector<std::string> args_;  // the server's arguments, for a restart
   std::unique_ptr<ServerProcess> proc_;
   std::unique_ptr<client::Client> client_;
   void* ctx_ = nullptr;
@@ -514,6 +519,152 @@ TEST_F(VllmDiskEventsTest, TierMovesAreRemovedThenStoredOnTheNewMedium) {
   }
   EXPECT_EQ(media, listed);
   EXPECT_GE(moves, static_cast<int>(on_disk));
+}
+
+}  // namespace
+}  // namespace kvtier
+
+namespace kvtier {
+namespace {
+
+// Puts that carry the engine's metadata (its block hashes, token ids, LoRA id): the vLLM stream names
+// the blocks by the engine's hashes and fills parent_block_hash, token_ids, block_size and lora_id; the
+// blocks spilled to disk keep it across a restart on that disk, and the restarted server's stream (read
+// through the replay socket) carries it again for every recovered block.
+class VllmEngineMetaEventsTest : public VllmEventsTest {
+ protected:
+  std::vector<std::string> ExtraArgs(const std::string& dir) const override {
+    return {"--disk_path=" + dir + "/disk", "--disk_capacity_bytes=64MiB"};
+  }
+
+  struct Expected {
+    uint64_t parent = 0;  // 0: the first block of its prompt (nil)
+    std::vector<uint32_t> tokens;
+    std::optional<int64_t> lora;
+  };
+
+  // Puts `prompts` prompts of 8 blocks with metadata; engine hash of block j of prompt p: p * 100 + j + 1.
+  void PutWithMeta(int prompts) {
+    for (int p = 0; p < prompts; ++p) {
+      std::vector<uint32_t> tokens(8 * ro_.block_tokens);
+      for (auto& t : tokens) t = static_cast<uint32_t>(rng_() % 50000);
+      auto fps = ChainFingerprints(ns_, tokens);
+      ASSERT_OK(fps);
+      std::vector<std::vector<std::byte>> data(fps->size(), std::vector<std::byte>(ro_.block_bytes));
+      std::vector<std::span<const std::byte>> views;
+      std::vector<BlockMeta> meta(fps->size());
+      for (size_t j = 0; j < fps->size(); ++j) {
+        bench::BlockPayload(next_id_++, data[j]);
+        views.emplace_back(data[j]);
+        const uint64_t h = static_cast<uint64_t>(p) * 100 + j + 1;
+        meta[j].hash = EngineBlockHash::Uint(h);
+        meta[j].token_ids.assign(tokens.begin() + static_cast<std::ptrdiff_t>(j * ro_.block_tokens),
+                                 tokens.begin() + static_cast<std::ptrdiff_t>((j + 1) * ro_.block_tokens));
+        if (p % 2 == 0) meta[j].lora_id = 3;
+        expected_[h] = {.parent = j == 0 ? 0 : h - 1, .tokens = meta[j].token_ids, .lora = meta[j].lora_id};
+      }
+      ASSERT_OK(client_->Put(ns_, *fps, 0, views, client::PutOptions{.block_meta = meta}));
+    }
+  }
+
+  // Replays from 0 and applies every batch: engine hash -> medium of the blocks present; checks each
+  // BlockStored against expected_.
+  std::map<uint64_t, std::string> Rebuild(void* dealer) {
+    std::map<uint64_t, std::string> present;
+    for (const auto& [seq, payload] : Replay(dealer, 0)) {
+      auto v = MsgpackReader::Decode(payload);
+      EXPECT_OK(v);
+      if (!v.ok()) continue;
+      for (const MsgpackValue& e : v->items[1].items) {
+        const std::string& tag = e.items[0].s;
+        if (tag == "AllBlocksCleared") {
+          present.clear();
+        } else if (tag == "BlockStored") {
+          EXPECT_EQ(e.items.size(), 8u);
+          EXPECT_EQ(e.items[1].items.size(), 1u);
+          const uint64_t h = e.items[1].items[0].u;
+          auto it = expected_.find(h);
+          EXPECT_NE(it, expected_.end()) << "a block named by something else than its engine hash: " << h;
+          if (it == expected_.end()) continue;
+          const Expected& x = it->second;
+          if (x.parent == 0) {
+            EXPECT_TRUE(e.items[2].is_nil()) << h;
+          } else {
+            EXPECT_EQ(e.items[2].u, x.parent) << h;
+          }
+          std::vector<uint32_t> tokens;
+          for (const auto& t : e.items[3].items) tokens.push_back(static_cast<uint32_t>(t.u));
+          EXPECT_EQ(tokens, x.tokens) << h;
+          EXPECT_EQ(e.items[4].u, ro_.block_tokens);
+          if (x.lora.has_value()) {
+            EXPECT_EQ(e.items[5].u, static_cast<uint64_t>(*x.lora)) << h;
+          } else {
+            EXPECT_TRUE(e.items[5].is_nil()) << h;
+          }
+          present[h] = e.items[6].s;
+        } else if (tag == "BlockRemoved") {
+          EXPECT_EQ(present.erase(e.items[1].items[0].u), 1u) << "removed a block never stored";
+        }
+      }
+    }
+    return present;
+  }
+
+  std::map<uint64_t, Expected> expected_;
+};
+
+TEST_F(VllmEngineMetaEventsTest, EngineHashesTokensAndLoraSurviveARestartOnDisk) {
+  PutWithMeta(48);  // 384 blocks into 256 host slots: demotions to disk
+  void* dealer = Socket(ZMQ_DEALER, replay_port_);
+  std::map<uint64_t, std::string> before;
+  const size_t listed = Listed().size();
+  for (auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+       std::chrono::steady_clock::now() < deadline;) {
+    before = Rebuild(dealer);
+    if (before.size() == listed) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+  ASSERT_EQ(before.size(), listed);
+  size_t on_disk = 0;
+  for (const auto& [h, m] : before) on_disk += m == "DISK" ? 1 : 0;
+  ASSERT_GT(on_disk, 0u) << "the workload should demote blocks to disk";
+
+  // A clean stop flushes the disk tier; the restarted server recovers its disk blocks with their
+  // metadata and restates them on its new stream.
+  client_.reset();
+  proc_->KillAndWait(SIGTERM);
+  proc_.reset();
+  auto p = ServerProcess::Start("vllm-node", args_);
+  ASSERT_OK(p);
+  proc_ = std::move(p).value();
+  zmq_close(dealer);
+  sockets_.pop_back();
+  dealer = Socket(ZMQ_DEALER, replay_port_);
+  std::map<uint64_t, std::string> after;
+  for (auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+       std::chrono::steady_clock::now() < deadline;) {
+    after = Rebuild(dealer);
+    if (after.size() >= on_disk) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+  EXPECT_EQ(after.size(), on_disk);
+  for (const auto& [h, m] : after) {
+    EXPECT_EQ(m, "DISK") << h;
+    EXPECT_EQ(before.count(h), 1u) << h;
+  }
+}
+
+TEST_F(VllmEngineMetaEventsTest, TooManyTokenIdsIsInvalidArgument) {
+  std::vector<uint32_t> tokens(ro_.block_tokens, 1);
+  auto fps = ChainFingerprints(ns_, tokens);
+  ASSERT_OK(fps);
+  std::vector<std::byte> data(ro_.block_bytes);
+  std::vector<std::span<const std::byte>> views = {data};
+  std::vector<BlockMeta> meta(1);
+  meta[0].token_ids.assign(kMaxBlockTokenIds + 1, 1);
+  auto r = client_->Put(ns_, *fps, 0, views, client::PutOptions{.block_meta = meta});
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
+  EXPECT_NE(r.status().message().find("token_ids"), std::string::npos) << r.status();
 }
 
 }  // namespace

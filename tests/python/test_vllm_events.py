@@ -1,7 +1,8 @@
 """KV events in vLLM's format read the way a Python vLLM subscriber reads them (pyzmq and the msgpack
 library, independent of kvtier's encoder): a real server with `events.format: vllm` and bytes block
 hashes; its batches decode to vLLM's BlockStored / AllBlocksCleared arrays naming exactly the
-fingerprints put, on the live PUB stream and through the replay ROUTER with its end marker."""
+fingerprints put, on the live PUB stream and through the replay ROUTER with its end marker; a put with
+the engine's block hashes and token ids is published under those hashes, with parents and tokens."""
 
 import os
 import socket
@@ -107,6 +108,41 @@ class VllmEventsTest(unittest.TestCase):
             live[int.from_bytes(seq, "big")] = payload
         for seq, payload in live.items():
             self.assertEqual(payload, batches[seq][1])
+
+
+    def test_put_with_engine_hashes_and_tokens(self):
+        dealer = self.ctx.socket(zmq.DEALER)
+        self.addCleanup(dealer.close, 0)
+        dealer.connect(f"tcp://127.0.0.1:{self.replay_port}")
+        ns = kvtier.Namespace("vllm-tenant", "meta-model", num_layers=2, num_kv_heads=2, head_dim=16, block_tokens=4)
+        tokens = [(i * 7) % 50000 for i in range(3 * 4)]
+        fps = kvtier.fingerprints(ns, tokens)
+        hashes = [b"engine-hash-%d" % i for i in range(3)]
+        blocks = np.zeros((3, ns.block_bytes), dtype=np.uint8)
+        results = self.client.put(ns, fps, blocks, block_hashes=hashes,
+                                  token_ids=[tokens[i * 4:(i + 1) * 4] for i in range(3)], lora_id=5,
+                                  parent_hash=-9)
+        self.assertTrue(all(r == kvtier.PutResult.STORED for r in results), results)
+        with self.assertRaises(kvtier.InvalidArgumentError):
+            self.client.put(ns, fps[:1], blocks[:1], token_ids=[list(range(1025))])
+        with self.assertRaises(ValueError):
+            self.client.put(ns, fps, blocks, block_hashes=hashes[:2])
+
+        deadline = time.monotonic() + 30
+        while True:
+            stored = {}
+            for seq, payload in self.replay(dealer, 0):
+                for e in msgpack.unpackb(payload, raw=False)[1]:
+                    if e[0] == "BlockStored":
+                        stored[e[1][0]] = e[2:6]
+            if len(stored) == 3 or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        self.assertEqual(stored, {
+            hashes[0]: [-9, tokens[0:4], 4, 5],
+            hashes[1]: [hashes[0], tokens[4:8], 4, 5],
+            hashes[2]: [hashes[1], tokens[8:12], 4, 5],
+        })
 
 
 if __name__ == "__main__":

@@ -414,8 +414,14 @@ class Client:
         buffers: _BuffersIn,
         shard: int = 0,
         first_block_index: int = 0,
+        *,
+        block_hashes: Optional[Sequence[Union[int, bytes]]] = None,  # the engine's hash of each block
+        token_ids: Optional[Sequence[Optional[Sequence[int]]]] = None,  # each block's tokens, <= 1024
+        lora_id: Optional[int] = None,
+        parent_hash: Optional[Union[int, bytes]] = None,  # engine hash of the block before fingerprints[0]
     ) -> List[PutResult]:
-        """Store shard `shard` of n blocks; first_block_index = index of fingerprints[0] in its chain."""
+        """Store shard `shard` of n blocks; first_block_index = index of fingerprints[0] in its chain.
+        The engine metadata is kept with the blocks and published in KV events (docs/events.md)."""
     def get_ptrs(
         self,
         ns: Namespace,

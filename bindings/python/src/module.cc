@@ -36,6 +36,7 @@ namespace {
 using client::Client;
 using client::ClientOptions;
 using client::GetResult;
+using client::PutOptions;
 using client::PutResult;
 
 // ---------------------------------------------------------------------------------------------------
@@ -511,16 +512,68 @@ std::vector<GetResult> GetBlocks(const PyClient& self, const Namespace& ns, py::
   return ValueOrThrow(std::move(r));
 }
 
+// An engine block hash from Python: an int in [-2^63, 2^64) or bytes. None: no hash.
+EngineBlockHash ToEngineHash(py::handle h, const char* what) {
+  if (h.is_none()) return EngineBlockHash();
+  if (py::isinstance<py::bytes>(h)) return EngineBlockHash::Bytes(h.cast<std::string>());
+  if (py::isinstance<py::int_>(h)) {
+    const py::int_ v = py::reinterpret_borrow<py::int_>(h);
+    if (v < py::int_(0)) {
+      if (v < py::int_(INT64_MIN)) throw py::value_error(absl::StrCat(what, ": below -2**63"));
+      return EngineBlockHash::Int(v.cast<int64_t>());
+    }
+    if (v > py::int_(UINT64_MAX)) throw py::value_error(absl::StrCat(what, ": above 2**64 - 1"));
+    return EngineBlockHash::Uint(v.cast<uint64_t>());
+  }
+  throw py::type_error(absl::StrCat(what, ": an engine block hash is an int or bytes"));
+}
+
+// PutOptions::block_meta from put()'s keyword arguments: block_hashes (one int or bytes per block, or
+// None), token_ids (one sequence of ints per block, or None), lora_id (an int for every block, or None).
+// Empty when all are None. Raises ValueError on counts that are not one per block.
+std::vector<BlockMeta> ToBlockMeta(size_t n, py::handle block_hashes, py::handle token_ids, py::handle lora_id) {
+  std::vector<BlockMeta> meta;
+  if (block_hashes.is_none() && token_ids.is_none() && lora_id.is_none()) return meta;
+  meta.resize(n);
+  if (!block_hashes.is_none()) {
+    const py::sequence hs = py::reinterpret_borrow<py::sequence>(block_hashes);
+    if (static_cast<size_t>(py::len(hs)) != n) {
+      throw py::value_error(absl::StrCat("block_hashes: ", py::len(hs), " for ", n, " blocks"));
+    }
+    for (size_t i = 0; i < n; ++i) meta[i].hash = ToEngineHash(hs[i], "block_hashes");
+  }
+  if (!token_ids.is_none()) {
+    const py::sequence ts = py::reinterpret_borrow<py::sequence>(token_ids);
+    if (static_cast<size_t>(py::len(ts)) != n) {
+      throw py::value_error(absl::StrCat("token_ids: ", py::len(ts), " for ", n, " blocks"));
+    }
+    for (size_t i = 0; i < n; ++i) {
+      if (ts[i].is_none()) continue;
+      for (py::handle t : py::reinterpret_borrow<py::sequence>(ts[i])) meta[i].token_ids.push_back(t.cast<uint32_t>());
+    }
+  }
+  if (!lora_id.is_none()) {
+    const int64_t id = lora_id.cast<int64_t>();
+    for (BlockMeta& m : meta) m.lora_id = id;
+  }
+  return meta;
+}
+
 std::vector<PutResult> PutBlocks(const PyClient& self, const Namespace& ns, py::handle fingerprints, py::handle buffers,
-                                 uint32_t shard, uint32_t first_block_index) {
+                                 uint32_t shard, uint32_t first_block_index, py::handle block_hashes,
+                                 py::handle token_ids, py::handle lora_id, py::handle parent_hash) {
   std::shared_ptr<Client> c = self.Get();
   const std::vector<Fingerprint> fps = ToFingerprints(fingerprints);
   BlockBuffers bufs = AcquireBlocks(buffers, fps.size(), ns.layout.ShardBytes(), /*writable=*/false);
   std::vector<std::span<const std::byte>> views(bufs.blocks.begin(), bufs.blocks.end());
+  const std::vector<BlockMeta> meta = ToBlockMeta(fps.size(), block_hashes, token_ids, lora_id);
+  const PutOptions options{.first_block_index = first_block_index,
+                           .block_meta = meta,
+                           .parent_hash = ToEngineHash(parent_hash, "parent_hash")};
   absl::StatusOr<std::vector<PutResult>> r;
   {
     py::gil_scoped_release release;
-    r = c->Put(ns, fps, shard, views, first_block_index);
+    r = c->Put(ns, fps, shard, views, options);
   }
   return ValueOrThrow(std::move(r));
 }
@@ -883,10 +936,17 @@ MISS_FROM_ERROR); a member's refusal of the request raises with its code and mes
 InvalidArgumentError (e.g. blocks above that server's limits.max_block_bytes), or kvtier.Error with
 code_name PERMISSION_DENIED / UNAUTHENTICATED.)doc")
       .def("put", &PutBlocks, py::arg("ns"), py::arg("fingerprints"), py::arg("buffers"), py::arg("shard") = 0,
-           py::arg("first_block_index") = 0, R"doc(
+           py::arg("first_block_index") = 0, py::kw_only(), py::arg("block_hashes") = py::none(),
+           py::arg("token_ids") = py::none(), py::arg("lora_id") = py::none(), py::arg("parent_hash") = py::none(),
+           R"doc(
 Stores TP shard `shard` of each block from caller memory (buffers as for get(), read-only allowed);
 returns one PutResult per block. first_block_index: index of fingerprints[0] in its prompt's chain (the
-hit length when storing the blocks after a hit); eviction policies use it. A dead or slow member never
+hit length when storing the blocks after a hit); eviction policies use it.
+The engine's block metadata, published in KV events for routers (docs/events.md, "Engine block
+metadata"), all optional: block_hashes (the engine's hash of each block: an int in [-2**63, 2**64) or
+bytes of 1..64), token_ids (each block's token ids, at most 1024 per block), lora_id (an int for every
+block) and parent_hash (the engine hash of the block before fingerprints[0]); each block's parent is
+the previous block. Wrong counts raise ValueError; past the limits, InvalidArgumentError. A dead or slow member never
 raises (its blocks are ERROR); a member's refusal raises as for get(), and blocks other members stored in
 the same call stay stored.)doc")
       .def("get_ptrs", &GetPtrs, py::arg("ns"), py::arg("fingerprints"), py::arg("ptrs"), py::arg("sizes"),

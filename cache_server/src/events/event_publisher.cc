@@ -7,6 +7,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "kvtier/common/log.h"
+#include "kvtier/wire/wire.h"
 
 namespace kvtier::server {
 
@@ -174,6 +175,7 @@ void EventPublisher::FillBlock(const EventBlockInfo& b, v1::EventBlock* out) con
   out->set_tier(TierName(b.tier));
   out->set_depth(b.depth);
   out->set_size_bytes(b.size_bytes);
+  if (b.block_meta != nullptr) wire::ToProto(*b.block_meta, out->mutable_engine());
 }
 
 v1::KvEventBatch EventPublisher::Encode(const std::vector<Event>& events, uint64_t last_seq) const {
@@ -181,6 +183,8 @@ v1::KvEventBatch EventPublisher::Encode(const std::vector<Event>& events, uint64
   batch.set_schema_version(v1::EVENT_SCHEMA_CURRENT);
   batch.set_node_id(options_.node_id);
   batch.set_instance_id(instance_id_);
+  batch.set_backend_id(options_.backend_id.empty() ? options_.node_id : options_.backend_id);
+  for (const std::string& id : options_.instance_ids) batch.add_engine_instance_ids(id);
   batch.set_last_seq(last_seq);
   batch.set_sent_unix_ms(absl::ToUnixMillis(absl::Now()));
   for (const Event& e : events) {
@@ -315,7 +319,8 @@ void EventPublisher::PublishVllm(const std::vector<Event>& events) {
     out.push_back({.kind = kind,
                    .block_hashes = {b.key.fingerprint},
                    .medium = VllmMedium(tier),
-                   .block_size = options_.vllm_block_size});
+                   .block_size = options_.vllm_block_size,
+                   .block_meta = {b.block_meta}});
   };
   for (const Event& e : events) {
     switch (e.kind) {
@@ -336,7 +341,9 @@ void EventPublisher::PublishVllm(const std::vector<Event>& events) {
   }
   const double ts = absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch());
   auto payload = std::make_shared<const std::string>(
-      EncodeVllmBatch(ts, out, options_.vllm_data_parallel_rank, options_.vllm_block_hash, options_.vllm_encoding));
+      EncodeVllmBatch(ts, out, options_.vllm_data_parallel_rank, options_.vllm_block_hash, options_.vllm_encoding,
+                      {.backend_id = options_.backend_id.empty() ? options_.node_id : options_.backend_id,
+                       .instance_ids = options_.instance_ids}));
   const uint64_t seq = vllm_next_seq_++;
   const std::string seq_bytes = BigEndian64(seq);
   const std::string& topic = options_.vllm_topic;

@@ -47,6 +47,10 @@ struct EventPublisherOptions {
   VllmBlockHashForm vllm_block_hash = VllmBlockHashForm::kInt;
   VllmEncoding vllm_encoding = VllmEncoding::kArray;
   std::optional<int64_t> vllm_data_parallel_rank = 0;  // KVEventBatch.data_parallel_rank; nullopt omits it
+  // The backend holding the blocks ("" = node_id) and the engine instances that can read them; see
+  // VllmEnvelope. Default: node_id, no instances.
+  std::string backend_id;
+  std::vector<std::string> instance_ids;
   // (tenant, model) of a namespace id, where the server knows it; may be empty. Called on the publisher
   // thread and in Replay/Snapshot, never under the store's lock.
   std::function<std::optional<std::pair<std::string, std::string>>(uint64_t)> namespace_names;

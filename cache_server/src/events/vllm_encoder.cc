@@ -130,9 +130,33 @@ void MsgpackWriter::MapHeader(uint32_t n) {
 
 namespace {
 
-void BlockHashes(MsgpackWriter& w, const std::vector<Fingerprint>& hashes, VllmBlockHashForm form) {
-  w.ArrayHeader(static_cast<uint32_t>(hashes.size()));
-  for (const Fingerprint& fp : hashes) {
+// An engine hash as msgpack: the integer in its shortest form, or bin. False for an empty hash.
+bool EngineHash(MsgpackWriter& w, const EngineBlockHash& h) {
+  switch (h.form) {
+    case EngineBlockHash::Form::kNone:
+      return false;
+    case EngineBlockHash::Form::kInt:
+      w.Int(h.int_value);
+      return true;
+    case EngineBlockHash::Form::kUint:
+      w.Uint(h.uint_value);
+      return true;
+    case EngineBlockHash::Form::kBytes:
+      w.Bin(h.bytes);
+      return true;
+  }
+  return false;
+}
+
+const BlockMeta* MetaAt(const VllmEvent& e, size_t i) {
+  return i < e.block_meta.size() ? e.block_meta[i].get() : nullptr;
+}
+
+void BlockHashes(MsgpackWriter& w, const VllmEvent& e, VllmBlockHashForm form) {
+  w.ArrayHeader(static_cast<uint32_t>(e.block_hashes.size()));
+  for (size_t i = 0; i < e.block_hashes.size(); ++i) {
+    if (const BlockMeta* m = MetaAt(e, i); m != nullptr && EngineHash(w, m->hash)) continue;
+    const Fingerprint& fp = e.block_hashes[i];
     if (form == VllmBlockHashForm::kInt) {
       w.Uint(VllmIntBlockHash(fp));
     } else {
@@ -144,13 +168,24 @@ void BlockHashes(MsgpackWriter& w, const std::vector<Fingerprint>& hashes, VllmB
 }  // namespace
 
 std::string EncodeVllmBatch(double ts, const std::vector<VllmEvent>& events, std::optional<int64_t> data_parallel_rank,
-                            VllmBlockHashForm hash_form, VllmEncoding encoding) {
+                            VllmBlockHashForm hash_form, VllmEncoding encoding, const VllmEnvelope& envelope) {
   std::string out;
   out.reserve(16 + events.size() * 64);
   MsgpackWriter w(&out);
   const bool map = encoding == VllmEncoding::kMap;
   // A struct of n fields; in the map form each value is preceded by its name.
+  const bool credited = map && !envelope.instance_ids.empty();
   auto begin = [&](uint32_t n) { map ? w.MapHeader(n) : w.ArrayHeader(n); };
+  // An event struct of n fields, plus the envelope's two in the credited map form.
+  auto begin_event = [&](uint32_t n) { begin(credited ? n + 2 : n); };
+  auto credit = [&] {
+    if (!credited) return;
+    w.Str("backend_id");
+    w.Str(envelope.backend_id);
+    w.Str("instance_ids");
+    w.ArrayHeader(static_cast<uint32_t>(envelope.instance_ids.size()));
+    for (const std::string& id : envelope.instance_ids) w.Str(id);
+  };
   auto key = [&](std::string_view name) {
     if (map) w.Str(name);
   };
@@ -165,35 +200,53 @@ std::string EncodeVllmBatch(double ts, const std::vector<VllmEvent>& events, std
   w.ArrayHeader(static_cast<uint32_t>(events.size()));
   for (const VllmEvent& e : events) {
     switch (e.kind) {
-      case VllmEvent::Kind::kStored:
-        begin(8);
+      case VllmEvent::Kind::kStored: {
+        const BlockMeta* first = MetaAt(e, 0);
+        begin_event(8);
         tag("BlockStored");
         key("block_hashes");
-        BlockHashes(w, e.block_hashes, hash_form);
+        BlockHashes(w, e, hash_form);
         key("parent_block_hash");
-        w.Nil();  // the server does not learn a block's parent
+        if (first == nullptr || !EngineHash(w, first->parent_hash)) w.Nil();  // unknown: the chain's start
         key("token_ids");
-        w.ArrayHeader(0);  // the server never sees tokens
+        size_t tokens = 0;
+        for (size_t i = 0; i < e.block_hashes.size(); ++i) {
+          if (const BlockMeta* m = MetaAt(e, i); m != nullptr) tokens += m->token_ids.size();
+        }
+        w.ArrayHeader(static_cast<uint32_t>(tokens));
+        for (size_t i = 0; i < e.block_hashes.size(); ++i) {
+          if (const BlockMeta* m = MetaAt(e, i); m != nullptr) {
+            for (uint32_t t : m->token_ids) w.Uint(t);
+          }
+        }
         key("block_size");
-        w.Uint(e.block_size);
+        w.Uint(first != nullptr && !first->token_ids.empty() ? first->token_ids.size() : e.block_size);
         key("lora_id");
-        w.Nil();
+        if (first != nullptr && first->lora_id.has_value()) {
+          w.Int(*first->lora_id);
+        } else {
+          w.Nil();
+        }
         key("medium");
         w.Str(e.medium);
         key("lora_name");
         w.Nil();
+        credit();
         break;
+      }
       case VllmEvent::Kind::kRemoved:
-        begin(3);
+        begin_event(3);
         tag("BlockRemoved");
         key("block_hashes");
-        BlockHashes(w, e.block_hashes, hash_form);
+        BlockHashes(w, e, hash_form);
         key("medium");
         w.Str(e.medium);
+        credit();
         break;
       case VllmEvent::Kind::kCleared:
-        begin(1);
+        begin_event(1);
         tag("AllBlocksCleared");
+        credit();
         break;
     }
   }

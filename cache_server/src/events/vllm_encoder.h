@@ -5,11 +5,13 @@
 #define KVTIER_SERVER_SRC_EVENTS_VLLM_ENCODER_H_
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "kvtier/common/block_meta.h"
 #include "kvtier/common/fingerprint.h"
 #include "kvtier/server/block_store.h"
 
@@ -40,6 +42,11 @@ struct VllmEvent {
   std::vector<Fingerprint> block_hashes;
   std::string medium;       // VllmMedium(tier)
   uint32_t block_size = 0;  // BlockStored only: tokens per block
+  // The engine's metadata of each block (null entries, or fewer than block_hashes: none). A block with
+  // an engine hash is named by it instead of its fingerprint; BlockStored's parent_block_hash, token_ids
+  // (all blocks' tokens, in order), lora_id and block_size (the first block's token count, when it has
+  // tokens) come from it.
+  std::vector<std::shared_ptr<const BlockMeta>> block_meta;
 };
 
 // Appends msgpack values to a byte string, each in its shortest form (as msgspec writes them; floats
@@ -61,13 +68,24 @@ class MsgpackWriter {
   std::string* out_;
 };
 
+// Who an event is credited to, in the form of the Mooncake/Dynamo KV event envelope (docs/events.md):
+// map-form events with instance_ids set carry "backend_id" (the kvtier node holding the blocks) and
+// "instance_ids" (the engine instances that can read them) after their vLLM fields. Array-form events
+// never do (vLLM's array layout is positional).
+struct VllmEnvelope {
+  std::string backend_id;
+  std::vector<std::string> instance_ids;  // empty: no envelope fields
+};
+
 // Encodes KVEventBatch (ts, events, data_parallel_rank; data_parallel_rank omitted when nullopt, as
 // omit_defaults does for its None default). `ts` is seconds since the Unix epoch. Field order, array form:
-// BlockStored [tag, block_hashes, parent_block_hash (nil), token_ids ([]), block_size, lora_id (nil),
-// medium, lora_name (nil)]; BlockRemoved [tag, block_hashes, medium]; AllBlocksCleared [tag]. The map
-// form has the same fields under their names after "type": the tag.
+// BlockStored [tag, block_hashes, parent_block_hash (nil, or the first block's engine parent hash),
+// token_ids ([], or the engine's), block_size, lora_id (nil, or the engine's), medium, lora_name (nil)]; BlockRemoved
+// [tag, block_hashes, medium]; AllBlocksCleared [tag]. The map form has the same fields under their names after "type":
+// the tag.
 std::string EncodeVllmBatch(double ts, const std::vector<VllmEvent>& events, std::optional<int64_t> data_parallel_rank,
-                            VllmBlockHashForm hash_form, VllmEncoding encoding = VllmEncoding::kArray);
+                            VllmBlockHashForm hash_form, VllmEncoding encoding = VllmEncoding::kArray,
+                            const VllmEnvelope& envelope = {});
 
 }  // namespace kvtier::server
 

@@ -16,6 +16,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "kvtier/common/block_key.h"
+#include "kvtier/common/block_meta.h"
 
 namespace kvtier::server {
 
@@ -27,11 +28,20 @@ struct DiskBlockMeta {
   uint64_t checksum = 0;  // XXH3-64 of the bytes, verified on every read
   uint32_t depth = 0;
   uint32_t access_count = 0;
+  // The engine's metadata of the block (kvtier/common/block_meta.h); null (or empty) when it was put
+  // without any. Shared, never changed once set: the in-memory entry and the record hold the same one.
+  std::shared_ptr<const BlockMeta> block_meta;
 };
 
 // The record formats, exposed for tests and fuzzing. Key: 32 fingerprint bytes, then the shard as
-// uint32 little-endian (36 bytes). Meta: version byte 1, then namespace_id, tenant_id, size_bytes,
-// checksum as uint64 LE, then depth, access_count as uint32 LE (41 bytes).
+// uint32 little-endian (36 bytes). Meta, version 1 (a block without engine metadata, and every record
+// written before there was any): version byte 1, then namespace_id, tenant_id, size_bytes, checksum as
+// uint64 LE, then depth, access_count as uint32 LE (41 bytes). Version 2 (a block with engine metadata):
+// the same 41 bytes with version byte 2, then BlockMeta: hash and parent_hash (each a form byte, 0 none,
+// 1 negative int, 2 uint, 3 bytes; then 8 bytes LE for an int, or a length byte and 1..64 bytes), a
+// lora flag byte (0 or 1) and the lora id as 8 bytes LE when 1, the token count as uint32 LE (at most
+// kMaxBlockTokenIds) and the tokens as uint32 LE. Both versions are read; the decoder accepts only the
+// canonical bytes the encoder writes (a version 2 record with empty metadata is malformed).
 std::string EncodeDiskKey(const BlockKey& key);
 bool DecodeDiskKey(std::string_view bytes, BlockKey* key);  // false: not a key
 std::string EncodeDiskBlockMeta(const DiskBlockMeta& meta);
@@ -75,18 +85,16 @@ struct DiskErrorCounters {
   std::atomic<uint64_t> recreated{0};   // the database was started empty (see OpenOrDegrade)
 };
 
-// Two column families in one RocksDB: "default" holds a 41-byte DiskBlockMeta per key, "blocks" the
-// payloads (blob files, no compression). Both records of a block are written in one WriteBatch without
-// the WAL (a cache need not write every block twice) and the two families flush together, so a process
-// killed mid-write leaves either both or neither, and loses at most its unflushed write buffers; a
-// payload whose checksum fails is never returned. Keys are the 32 fingerprint bytes then the shard as
-// uint32 little-endian.
-// RocksDB's own files are bounded so that they cannot fill the volume unnoticed: small write buffers,
-// blob garbage collected by compaction, an SstFileManager capping the database below the volume's size
-// less the floor, and no info log on the volume unless info_log_dir says so. A full or failing volume
-// never stops the process: the tier changes state (state(), reason(); logged) and Probe() brings it
-// back. A database that cannot be opened read-write for want of room, once the files it no longer
-// needs are deleted, and whose own files fill the volume, is started empty: it is a cache.
+// Two column families in one RocksDB: "default" holds a DiskBlockMeta record per key (41 bytes, more with engine
+// metadata), "blocks" the payloads (blob files, no compression). Both records of a block are written in one WriteBatch
+// without the WAL (a cache need not write every block twice) and the two families flush together, so a process killed
+// mid-write leaves either both or neither, and loses at most its unflushed write buffers; a payload whose checksum
+// fails is never returned. Keys are the 32 fingerprint bytes then the shard as uint32 little-endian. RocksDB's own
+// files are bounded so that they cannot fill the volume unnoticed: small write buffers, blob garbage collected by
+// compaction, an SstFileManager capping the database below the volume's size less the floor, and no info log on the
+// volume unless info_log_dir says so. A full or failing volume never stops the process: the tier changes state
+// (state(), reason(); logged) and Probe() brings it back. A database that cannot be opened read-write for want of room,
+// once the files it no longer needs are deleted, and whose own files fill the volume, is started empty: it is a cache.
 // Thread-safety: all methods may be called concurrently.
 class DiskTier {
  public:

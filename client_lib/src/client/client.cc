@@ -710,7 +710,8 @@ class Client::Impl {
   // Returns OK, or the member's refusal of the request (IsRefusal; results then say nothing).
   absl::Status PutBatch(Member& member, const v1::Namespace& pns, std::span<const BlockKey> keys,
                         std::span<const uint32_t> depths, std::span<const std::span<const std::byte>> blocks,
-                        uint64_t block_bytes, std::span<PutResult> results) {
+                        uint64_t block_bytes, std::span<PutResult> results,
+                        std::span<const BlockMeta* const> block_meta = {}) {
     v1::CacheService::Stub& stub = *member.cache;
     std::optional<UcxClient::EndpointId> ucx_endpoint;
     if (options.transport != "grpc") {
@@ -733,6 +734,7 @@ class Client::Impl {
     *areq.mutable_namespace_() = pns;
     wire::EncodeKeys(keys, areq.mutable_keys());
     areq.mutable_depths()->Add(depths.begin(), depths.end());
+    for (const BlockMeta* m : block_meta) wire::ToProto(*m, areq.add_block_meta());
     v1::AllocateResponse aresp;
     bool reserved = false;
     if (control_over_ucx) {
@@ -1627,6 +1629,24 @@ absl::StatusOr<std::vector<GetResult>> Client::Get(const Namespace& ns, std::spa
 absl::StatusOr<std::vector<PutResult>> Client::Put(const Namespace& ns, std::span<const Fingerprint> fps,
                                                    uint32_t shard, std::span<const std::span<const std::byte>> blocks,
                                                    uint32_t first_block_index) {
+  return Put(ns, fps, shard, blocks, PutOptions{.first_block_index = first_block_index});
+}
+
+absl::StatusOr<std::vector<PutResult>> Client::Put(const Namespace& ns, std::span<const Fingerprint> fps,
+                                                   uint32_t shard, std::span<const std::span<const std::byte>> blocks,
+                                                   const PutOptions& put_options) {
+  const uint32_t first_block_index = put_options.first_block_index;
+  if (!put_options.block_meta.empty() && put_options.block_meta.size() != fps.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("block_meta: ", put_options.block_meta.size(), " for ", fps.size(), " fingerprints"));
+  }
+  // Each block's parent is the previous block of the chain (the caller's parent_hash for the first),
+  // unless the caller named it: filled before the blocks are split among their owners.
+  std::vector<BlockMeta> meta(put_options.block_meta.begin(), put_options.block_meta.end());
+  for (size_t i = 0; i < meta.size(); ++i) {
+    if (meta[i].parent_hash.empty()) meta[i].parent_hash = i == 0 ? put_options.parent_hash : meta[i - 1].hash;
+    if (absl::Status s = ValidateBlockMeta(meta[i], absl::StrCat("block_meta[", i, "]")); !s.ok()) return s;
+  }
   if (absl::Status s = ns.Validate(); !s.ok()) return s;
   if (shard >= ns.layout.tp_size) {
     return absl::InvalidArgumentError(absl::StrCat("shard ", shard, " >= tp_size ", ns.layout.tp_size));
@@ -1672,13 +1692,16 @@ absl::StatusOr<std::vector<PutResult>> Client::Put(const Namespace& ns, std::spa
     std::vector<BlockKey> keys;
     std::vector<uint32_t> depths;
     std::vector<std::span<const std::byte>> data;
+    std::vector<const BlockMeta*> batch_meta;
     for (uint32_t i : idx) {
       keys.push_back({fps[i], shard});
       depths.push_back(first_block_index + i);
       data.push_back(blocks[i]);
+      if (!meta.empty()) batch_meta.push_back(&meta[i]);
     }
     std::vector<PutResult> batch(idx.size(), PutResult::kError);
-    if (absl::Status s = im.PutBatch(*view->owners[owner], pns, keys, depths, data, block_bytes, batch); !s.ok()) {
+    if (absl::Status s = im.PutBatch(*view->owners[owner], pns, keys, depths, data, block_bytes, batch, batch_meta);
+        !s.ok()) {
       refusal.Record(std::move(s));
       return true;  // the rest would be refused too
     }

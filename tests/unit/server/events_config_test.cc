@@ -1,6 +1,9 @@
 // The events section of the server config (docs/config.md, docs/events.md).
 #include <gtest/gtest.h>
 
+#include <string>
+#include <vector>
+
 #include "kvtier/server/server_options.h"
 #include "testing/status_matchers.h"
 
@@ -95,6 +98,24 @@ TEST(EventsConfigTest, VllmFormat) {
   auto neg = ParseServerConfig("events:\n  vllm_data_parallel_rank: -1\n");
   EXPECT_FALSE(neg.ok());
   EXPECT_NE(neg.status().message().find("events.vllm_data_parallel_rank"), absl::string_view::npos);
+}
+
+TEST(EventsConfigTest, BackendAndInstanceIds) {
+  auto o = ParseServerConfig(
+      "events:\n  enabled: true\n  backend_id: kvtier-rack-1\n  instance_ids: [engine-a, engine-b]\n");
+  ASSERT_OK(o);
+  EXPECT_EQ(o->events_backend_id, "kvtier-rack-1");
+  EXPECT_EQ(o->events_instance_ids, (std::vector<std::string>{"engine-a", "engine-b"}));
+  auto defaults = ParseServerConfig("events:\n  enabled: true\n");
+  ASSERT_OK(defaults);
+  EXPECT_EQ(defaults->events_backend_id, "");
+  EXPECT_TRUE(defaults->events_instance_ids.empty());
+  for (const char* bad : {"events:\n  instance_ids: engine-a\n", "events:\n  instance_ids: [a, [b]]\n",
+                          "events:\n  instance_ids: [a, \"\"]\n"}) {
+    auto r = ParseServerConfig(bad);
+    EXPECT_FALSE(r.ok()) << bad;
+    EXPECT_NE(r.status().message().find("events.instance_ids"), absl::string_view::npos) << r.status();
+  }
 }
 
 }  // namespace

@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -193,6 +195,104 @@ TEST(VllmEncoderTest, MixedBatchDecodesFieldByField) {
   EXPECT_EQ(rm[1].items[0].u, UINT64_MAX);
   EXPECT_EQ(rm[2].s, "DISK");
   for (size_t i = 3; i < evs.size(); ++i) EXPECT_EQ(evs[i].items[0].s, "BlockStored");
+}
+
+}  // namespace
+}  // namespace kvtier::server
+
+namespace kvtier::server {
+namespace {
+
+// A block with the engine's metadata is named by the engine's hash, and its parent, tokens, block size
+// and LoRA id fill BlockStored; its removal names it by the same hash.
+TEST(VllmEncoderTest, EngineMetadataFillsBlockStored) {
+  auto meta = std::make_shared<BlockMeta>();
+  meta->hash = EngineBlockHash::Int(-5);
+  meta->parent_hash = EngineBlockHash::Uint(0x1234);
+  meta->token_ids = {1, 2, 300};
+  meta->lora_id = 7;
+  const std::string got = EncodeVllmBatch(
+      1.5,
+      {{.kind = VllmEvent::Kind::kStored,
+        .block_hashes = {Counting()},
+        .medium = "CPU",
+        .block_size = 16,
+        .block_meta = {meta}},
+       {.kind = VllmEvent::Kind::kRemoved, .block_hashes = {Counting()}, .medium = "CPU", .block_meta = {meta}}},
+      0, VllmBlockHashForm::kInt);
+  // -5 is a negative fixint (fb); 0x1234 uint16; tokens [1, 2, 300]; block_size 3 (the block's tokens);
+  // lora_id 7.
+  const std::string want = Hex("93") + kTs + Hex("92") + Hex("98") + FixStr("BlockStored") + Hex("91 fb") +
+                           Hex("cd 12 34") + Hex("93 01 02 cd 01 2c") + Hex("03") + Hex("07") + FixStr("CPU") +
+                           Hex("c0") + Hex("93") + FixStr("BlockRemoved") + Hex("91 fb") + FixStr("CPU") + Hex("00");
+  EXPECT_EQ(absl::BytesToHexString(got), absl::BytesToHexString(want));
+}
+
+TEST(VllmEncoderTest, EngineBytesHashAndPartialMetadata) {
+  auto meta = std::make_shared<BlockMeta>();
+  meta->hash = EngineBlockHash::Bytes("abc");
+  auto v = MsgpackReader::Decode(EncodeVllmBatch(1.5,
+                                                 {{.kind = VllmEvent::Kind::kStored,
+                                                   .block_hashes = {Counting()},
+                                                   .medium = "DISK",
+                                                   .block_size = 16,
+                                                   .block_meta = {meta}}},
+                                                 std::nullopt, VllmBlockHashForm::kInt, VllmEncoding::kMap));
+  ASSERT_OK(v);
+  ASSERT_EQ(v->type, Type::kMap);
+  const auto& ev = v->items[3].items[0];  // "events" value, first event (a map)
+  ASSERT_EQ(ev.type, Type::kMap);
+  auto field = [&](const std::string& name) -> const MsgpackValue* {
+    for (size_t i = 0; i + 1 < ev.items.size(); i += 2) {
+      if (ev.items[i].s == name) return &ev.items[i + 1];
+    }
+    return nullptr;
+  };
+  ASSERT_NE(field("block_hashes"), nullptr);
+  EXPECT_EQ(field("block_hashes")->items[0].type, Type::kBin);
+  EXPECT_EQ(field("block_hashes")->items[0].s, "abc");
+  EXPECT_TRUE(field("parent_block_hash")->is_nil());
+  EXPECT_TRUE(field("token_ids")->items.empty());
+  EXPECT_EQ(field("block_size")->u, 16u);  // no tokens: the configured size
+  EXPECT_TRUE(field("lora_id")->is_nil());
+}
+
+}  // namespace
+}  // namespace kvtier::server
+
+namespace kvtier::server {
+namespace {
+
+// Map-form events credited to engines carry "backend_id" and "instance_ids" after vLLM's fields; the
+// array form and an envelope without instances are unchanged.
+TEST(VllmEncoderTest, EnvelopeNamesTheBackendAndItsInstances) {
+  const std::vector<VllmEvent> events = {
+      {.kind = VllmEvent::Kind::kStored, .block_hashes = {Counting()}, .medium = "CPU", .block_size = 16},
+      {.kind = VllmEvent::Kind::kRemoved, .block_hashes = {Counting()}, .medium = "CPU"},
+      {.kind = VllmEvent::Kind::kCleared}};
+  const VllmEnvelope envelope{.backend_id = "kvtier-0", .instance_ids = {"engine-a", "engine-b"}};
+  EXPECT_EQ(EncodeVllmBatch(1.5, events, 0, VllmBlockHashForm::kInt, VllmEncoding::kArray, envelope),
+            EncodeVllmBatch(1.5, events, 0, VllmBlockHashForm::kInt, VllmEncoding::kArray));
+  EXPECT_EQ(EncodeVllmBatch(1.5, events, 0, VllmBlockHashForm::kInt, VllmEncoding::kMap, {.backend_id = "kvtier-0"}),
+            EncodeVllmBatch(1.5, events, 0, VllmBlockHashForm::kInt, VllmEncoding::kMap));
+  auto v =
+      MsgpackReader::Decode(EncodeVllmBatch(1.5, events, 0, VllmBlockHashForm::kInt, VllmEncoding::kMap, envelope));
+  ASSERT_OK(v);
+  const auto& evs = v->items[3].items;
+  ASSERT_EQ(evs.size(), 3u);
+  const size_t fields[] = {8 + 2, 3 + 2, 1 + 2};  // "type" and the struct's fields, + the envelope's two
+  for (size_t i = 0; i < evs.size(); ++i) {
+    const auto& ev = evs[i];
+    ASSERT_EQ(ev.type, Type::kMap);
+    ASSERT_EQ(ev.items.size(), 2 * fields[i]);
+    const size_t n = ev.items.size();
+    EXPECT_EQ(ev.items[n - 4].s, "backend_id");
+    EXPECT_EQ(ev.items[n - 3].s, "kvtier-0");
+    EXPECT_EQ(ev.items[n - 2].s, "instance_ids");
+    ASSERT_EQ(ev.items[n - 1].items.size(), 2u);
+    EXPECT_EQ(ev.items[n - 1].items[0].s, "engine-a");
+    EXPECT_EQ(ev.items[n - 1].items[1].s, "engine-b");
+  }
 }
 
 }  // namespace

@@ -93,6 +93,16 @@ def reusable_prompt_tokens(hit_blocks: int, block_size: int, prompt_tokens: int)
     return kvtier.reusable_tokens(hit_blocks, block_size, prompt_tokens, keep_last=1)
 
 
+def _engine_hash(h: Any) -> Optional[Any]:
+    """vLLM's block hash as kvtier takes it: bytes (vLLM's BlockHash) or an int; None for anything else
+    (e.g. a BlockHashWithGroupId tuple of older versions)."""
+    if isinstance(h, (bytes, bytearray)):
+        return bytes(h) if 0 < len(h) <= 64 else None
+    if isinstance(h, int) and -(1 << 63) <= h < (1 << 64):
+        return h
+    return None
+
+
 @dataclasses.dataclass
 class BlockTransfer:
     """Blocks of one request to load or save. fingerprints[i] belongs in vLLM block block_ids[i]; the
@@ -102,6 +112,11 @@ class BlockTransfer:
     fingerprints: List[bytes]
     block_ids: List[int]
     first_block_index: int
+    # Saves only, when vLLM has them: vLLM's own hash of each block and each block's token ids, kept with
+    # the blocks and published in kvtier's KV events so routers see them in vLLM's terms.
+    block_hashes: Optional[List[Any]] = None
+    token_ids: Optional[List[List[int]]] = None
+    parent_hash: Optional[Any] = None  # vLLM's hash of the block before the first (None: the first)
 
 
 @dataclasses.dataclass
@@ -118,6 +133,8 @@ class _RequestState:
 
     fingerprints: List[bytes]  # of the prompt's full blocks
     block_ids: List[int] = dataclasses.field(default_factory=list)
+    prompt: List[int] = dataclasses.field(default_factory=list)  # the prompt's token ids
+    block_hashes: Optional[List[Any]] = None  # vLLM's Request.block_hashes (grows with the request), if any
     stored_blocks: int = 0  # leading prompt blocks known to be in kvtier (hit or saved)
     lookup: Optional[concurrent.futures.Future] = None  # the background lookup of the leading run
     loading: bool = False  # an asynchronous load was handed to the workers and not yet scheduled past
@@ -362,7 +379,9 @@ class KvtierConnector(_Base):
         if extra is None:
             return None
         fps = kvtier.fingerprints(self.ns, prompt, **extra) if prompt else []
-        state = _RequestState(fingerprints=list(fps))
+        hashes = getattr(request, "block_hashes", None)
+        state = _RequestState(fingerprints=list(fps), prompt=list(prompt),
+                              block_hashes=hashes if isinstance(hashes, list) else None)
         self._requests[request.request_id] = state
         return state
 
@@ -450,11 +469,20 @@ class KvtierConnector(_Base):
         if complete <= state.stored_blocks:
             return
         first = state.stored_blocks
+        bs = self._block_size
+        hashes = None
+        if state.block_hashes is not None and len(state.block_hashes) >= complete:
+            hashes = [_engine_hash(h) for h in state.block_hashes[first:complete]]
+            if any(h is None for h in hashes):
+                hashes = None
         meta.saves.append(BlockTransfer(
             request_id=req_id,
             fingerprints=state.fingerprints[first:complete],
             block_ids=state.block_ids[first:complete],
             first_block_index=first,
+            block_hashes=hashes,
+            token_ids=[state.prompt[i * bs:(i + 1) * bs] for i in range(first, complete)] if state.prompt else None,
+            parent_hash=_engine_hash(state.block_hashes[first - 1]) if hashes is not None and first > 0 else None,
         ))
         state.stored_blocks = complete
 
@@ -704,7 +732,9 @@ class KvtierConnector(_Base):
             if ready is not None:
                 ready.synchronize()
             results = self._client.put(self.ns, save.fingerprints, staging, shard=self._shard,
-                                       first_block_index=save.first_block_index)
+                                       first_block_index=save.first_block_index,
+                                       block_hashes=save.block_hashes, token_ids=save.token_ids,
+                                       parent_hash=save.parent_hash)
             bad = sum(1 for r in results if r in (kvtier.PutResult.NO_SPACE, kvtier.PutResult.ERROR))
             if bad:
                 self._count("save_blocks_failed", bad)

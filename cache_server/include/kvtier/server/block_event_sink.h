@@ -3,8 +3,10 @@
 #define KVTIER_SERVER_BLOCK_EVENT_SINK_H_
 
 #include <cstdint>
+#include <memory>
 
 #include "kvtier/common/block_key.h"
+#include "kvtier/common/block_meta.h"
 
 namespace kvtier::server {
 
@@ -18,6 +20,9 @@ struct EventBlockInfo {
   Tier tier{};         // the tier holding it (for a removal: the tier it left from)
   uint32_t depth = 0;  // index in its prompt's chain, as the writer reported it
   uint64_t size_bytes = 0;
+  // The engine's metadata the writer gave (hash, parent hash, token ids, LoRA id); null when none.
+  // Shared and immutable, so that an event costs a pointer copy, not a copy of the token ids.
+  std::shared_ptr<const BlockMeta> block_meta;
 };
 
 // Receives every change to a BlockStore's set of committed blocks, in the order the changes happen.

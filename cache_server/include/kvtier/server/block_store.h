@@ -229,8 +229,12 @@ class BlockStore {
   // Phase 1 of a put: per key, reserve a slot of ns.block_bytes (evicting unleased blocks as needed),
   // or report it already present (an access), in progress (another reservation holds it) or no space.
   // `depths` is empty or gives each key's index in its prompt's chain (for prefix-aware eviction).
+  // `block_meta` is empty or gives each key's engine metadata (kvtier/common/block_meta.h; copied): an
+  // allocated key keeps it for as long as its block lives, in every tier and on disk across restarts, and
+  // events carry it (EventBlockInfo::block_meta). A key already present keeps the metadata it has.
   // Errors: InvalidArgument (block_bytes is 0 or above max_block_bytes(), so that it could not fit even an
-  // empty tier: nothing is evicted for it; depths of the wrong length).
+  // empty tier: nothing is evicted for it; depths or block_meta of the wrong length; block_meta past its
+  // limits, ValidateBlockMeta: nothing is allocated).
   struct AllocateResult {
     // Null when no key was allocated. Its tag prefix (CapabilityId::tag_prefix()) differs from that of every
     // other live reservation of the store, so UCX put tags (kvtier/wire/ucx_messages.h PutTag) never collide.
@@ -239,7 +243,8 @@ class BlockStore {
     absl::Duration ttl;
   };
   absl::StatusOr<AllocateResult> Allocate(const NamespaceRef& ns, std::span<const BlockKey> keys,
-                                          std::span<const uint32_t> depths = {});
+                                          std::span<const uint32_t> depths = {},
+                                          std::span<const BlockMeta> block_meta = {});
 
   // Copies `data` (borrowed for the call) to bytes [offset, offset + size) of the block at `index` of the
   // reservation. Chunks of one block must arrive in order (offset == bytes written so far). `holder`: see
@@ -476,6 +481,7 @@ class BlockStore {
     uint32_t lease_count = 0;
     uint32_t access_count = 0;
     uint32_t depth = 0;
+    std::shared_ptr<const BlockMeta> block_meta;  // null: put without engine metadata
     State state = State::kFree;
     Tier tier = Tier::kHost;
     int64_t inserted_ns = 0;

@@ -111,6 +111,12 @@ struct ServerOptions {
   std::string events_vllm_block_hash = "int";   // "int" (last 8 fingerprint bytes, big-endian) or "bytes" (all 32)
   std::string events_vllm_encoding = "array";   // "array" (structs as arrays, array_like) or "map" (by field name)
   uint32_t events_vllm_data_parallel_rank = 0;  // KVEventBatch.data_parallel_rank
+  // Who the events are credited to (docs/events.md, "Backend and instances"): this node as the backend
+  // that holds the blocks ("" = node_id), and the engine instances that can read them (Default: none).
+  // With instance_ids set, every map-form vLLM event carries "backend_id" and "instance_ids" beside its
+  // fields, as the Mooncake/Dynamo KV event envelope does; the kvtier format always carries both.
+  std::string events_backend_id;
+  std::vector<std::string> events_instance_ids;
 
   std::vector<NamespaceOptions> namespaces;  // per-namespace settings; the first match applies
 

@@ -13,6 +13,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "kvtier/common/block_meta.h"
 #include "kvtier/common/fingerprint.h"
 #include "kvtier/common/hash_ring.h"
 #include "kvtier/common/namespace.h"
@@ -195,6 +196,20 @@ struct LookupResult {
   uint32_t blocks_from_errors = 0;  // blocks whose owner could not answer (counted as misses)
 };
 
+// Options of one Put beyond its blocks.
+struct PutOptions {
+  // The index of fingerprints[0] in its prompt's chain (see Client::Put).
+  uint32_t first_block_index = 0;
+  // Empty, or one per fingerprint: the engine's metadata of each block (its own block hash, token ids,
+  // LoRA id; kvtier/common/block_meta.h), borrowed for the call. The owners keep it with the blocks and
+  // publish it in KV events, so that routers see kvtier's blocks in the engine's terms
+  // (docs/events.md). A block whose parent_hash is empty gets the previous block's hash as its parent
+  // (parent_hash below for the first). Replica copies are stored without it.
+  std::span<const BlockMeta> block_meta;
+  // The engine hash of the block before fingerprints[0] (when first_block_index > 0); empty: none.
+  EngineBlockHash parent_hash;
+};
+
 // Monotonic counters of this client (DESIGN.md §5 hit accounting). Each block is counted once per call,
 // whatever the number of owners asked, so hit <= asked always holds.
 struct ClientStats {
@@ -320,6 +335,12 @@ class Client {
   absl::StatusOr<std::vector<PutResult>> Put(const Namespace& ns, std::span<const Fingerprint> fingerprints,
                                              uint32_t shard, std::span<const std::span<const std::byte>> blocks,
                                              uint32_t first_block_index = 0);
+  // As above, with engine block metadata (PutOptions). Errors: as above, and InvalidArgument when
+  // block_meta is neither empty nor one per fingerprint, or a block's metadata is past its limits (more
+  // than kMaxBlockTokenIds token ids, a bytes hash outside 1..kMaxEngineHashBytes), before any RPC.
+  absl::StatusOr<std::vector<PutResult>> Put(const Namespace& ns, std::span<const Fingerprint> fingerprints,
+                                             uint32_t shard, std::span<const std::span<const std::byte>> blocks,
+                                             const PutOptions& options);
 
   // Waits until the background replica queue is empty and no replica put is in flight (hinted blocks
   // waiting for their owner do not count), for at most `timeout`. Puts made meanwhile extend the wait.

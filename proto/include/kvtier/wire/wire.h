@@ -12,6 +12,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "kvtier/common/block_key.h"
+#include "kvtier/common/block_meta.h"
 #include "kvtier/common/namespace.h"
 #include "kvtier/v1/types.pb.h"
 
@@ -27,6 +28,11 @@ void EncodeKeys(std::span<const BlockKey> keys, v1::BlockKeys* out);
 // Unpacks and validates: fingerprints a multiple of 32 bytes, 1..max_keys keys, shards empty or one per
 // key and each < tp_size. Errors: InvalidArgument with the offending count or value.
 absl::StatusOr<std::vector<BlockKey>> DecodeKeys(const v1::BlockKeys& keys, uint32_t tp_size, uint32_t max_keys);
+
+// An engine's block metadata to and from its message. FromProto validates (ValidateBlockMeta): errors
+// are InvalidArgument naming `field` and the limit.
+void ToProto(const BlockMeta& meta, v1::EngineBlockMeta* out);
+absl::StatusOr<BlockMeta> FromProto(const v1::EngineBlockMeta& meta, const std::string& field);
 
 // absl and gRPC status codes line up one to one.
 grpc::Status ToGrpc(const absl::Status& s);
