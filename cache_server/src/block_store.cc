@@ -39,7 +39,15 @@ uint64_t TenantId(const std::string& tenant) { return BlockChecksum(tenant.data(
 BlockStore::BlockStore(const BlockStoreOptions& options)
     : options_(options), clock_(options.clock != nullptr ? options.clock : Clock::Real()) {}
 
-BlockStore::~BlockStore() = default;
+BlockStore::~BlockStore() {
+  if (!disk_writer_.joinable()) return;
+  {
+    std::lock_guard<std::mutex> q(disk_queue_mu_);
+    disk_writer_stop_ = true;
+  }
+  disk_queue_cv_.notify_all();
+  disk_writer_.join();  // it runs what is queued first, so the disk holds what the index said
+}
 
 const char* TierName(Tier tier) {
   switch (tier) {
@@ -85,7 +93,8 @@ absl::StatusOr<std::unique_ptr<BlockStore>> BlockStore::Create(const BlockStoreO
     store->disk_ = DiskTier::OpenOrDegrade({.path = options.disk_path,
                                             .min_free_bytes = options.disk_min_free_bytes,
                                             .info_log_dir = options.disk_info_log_dir,
-                                            .flush_interval = absl::ToChronoMilliseconds(options.disk_flush_interval)});
+                                            .flush_interval = absl::ToChronoMilliseconds(options.disk_flush_interval),
+                                            .before_io_for_test = options.disk_before_io_for_test});
     store->disk_capacity_ = store->DiskBudget();
     if (store->disk_capacity_ < options.disk_capacity_bytes) {
       KVTIER_LOG(warn,
@@ -101,6 +110,7 @@ absl::StatusOr<std::unique_ptr<BlockStore>> BlockStore::Create(const BlockStoreO
                    std::string(s.message()));
       }
     }
+    store->disk_writer_ = std::thread([s = store.get()] { s->DiskWriterLoop(); });
   }
   return store;
 }
@@ -134,9 +144,10 @@ uint64_t BlockStore::DiskBudget() const {
 
 void BlockStore::ProbeDisk() {
   if (disk_ == nullptr) return;
-  std::lock_guard<std::mutex> lock(mu_);
+  // The probe (statvfs, a flush, a resume or reopen) runs without the store's lock.
   disk_->NoteLogicalBytes(stats_.disk_bytes.load(std::memory_order_relaxed));  // 0 included: all garbage
   const bool reopened = disk_->Probe();
+  std::lock_guard<std::mutex> lock(mu_);
   // The volume may have been resized: the budget follows it.
   if (const uint64_t budget = DiskBudget(); budget != disk_capacity_.load(std::memory_order_relaxed)) {
     KVTIER_LOG(warn, "disk tier at {}: the disk budget in force is now {} bytes (was {}; the volume is {} bytes)",
@@ -158,7 +169,7 @@ void BlockStore::ReconcileDiskLocked() {
   std::vector<EntryHandle> gone;
   for (const auto& [key, h] : index_) {
     if (entries_[h].tier == Tier::kDisk && entries_[h].state == State::kCommitted && entries_[h].lease_count == 0 &&
-        !on_disk.contains(key)) {
+        entries_[h].in_transit == nullptr && !on_disk.contains(key)) {
       gone.push_back(h);
     }
   }
@@ -169,7 +180,7 @@ void BlockStore::ReconcileDiskLocked() {
   for (const auto& [key, meta] : found) {
     if (auto it = index_.find(key); it != index_.end()) {
       if (entries_[it->second].tier != Tier::kDisk) {
-        (void)disk_->Delete(key);  // a copy left while the tier could not delete; the block is in memory
+        EnqueueDiskDeleteLocked(key);  // a copy left while the tier could not delete; the block is in memory
         ++stale;
       }
       continue;
@@ -265,7 +276,7 @@ void BlockStore::EraseEntryLocked(EntryHandle h) {
     allocator_->Free(e.slot);
   } else {
     disk_policy_->OnErase(h);
-    CountDiskDelete(disk_->Delete(e.key));
+    EnqueueDiskDeleteLocked(e.key);  // behind its write, when that is still queued (the writer then skips it)
     stats_.disk_blocks.fetch_sub(1, std::memory_order_relaxed);
     stats_.disk_bytes.fetch_sub(e.size_bytes, std::memory_order_relaxed);
   }
@@ -295,14 +306,31 @@ bool BlockStore::MakeDiskRoomLocked(uint64_t bytes) {
   return true;
 }
 
+DiskBlockMeta BlockStore::DiskMetaOf(const Entry& e) {
+  return DiskBlockMeta{.namespace_id = e.namespace_id,
+                       .tenant_id = e.tenant_id,
+                       .size_bytes = e.size_bytes,
+                       .checksum = e.checksum,
+                       .depth = e.depth,
+                       .access_count = e.access_count,
+                       .block_meta = e.block_meta};
+}
+
+uint64_t BlockStore::SpillBufferBound() const {
+  return options_.spill_buffer_bytes > 0
+             ? options_.spill_buffer_bytes
+             : std::max({options_.capacity_bytes / 8, uint64_t{64} << 20, allocator_->max_block_bytes()});
+}
+
 void BlockStore::DemoteOrDropLocked(EntryHandle h) {
   Entry& e = entries_[h];
   if (disk_ == nullptr) {
     EraseEntryLocked(h);
     return;
   }
-  // A full or failing disk: the block is dropped, as without a disk tier (it is logged by the tier).
-  if (!disk_->HasRoomFor(e.size_bytes)) {
+  // A full or failing disk (as last seen: the writer's Put checks the volume's room): the block is
+  // dropped, as without a disk tier (the tier logs why).
+  if (disk_->state() != DiskTierState::kOk) {
     stats_.disk_spill_refused.fetch_add(1, std::memory_order_relaxed);
     KVTIER_LOG_EVERY(std::chrono::seconds(10), warn,
                      "disk tier at {} is {} ({}): host evictions drop blocks instead of spilling them",
@@ -310,28 +338,25 @@ void BlockStore::DemoteOrDropLocked(EntryHandle h) {
     EraseEntryLocked(h);
     return;
   }
+  // The disk writer is behind: the puts outrun the disk, which could not keep this block anyway.
+  if (spill_bytes_ + e.size_bytes > SpillBufferBound()) {
+    stats_.disk_spill_dropped_busy.fetch_add(1, std::memory_order_relaxed);
+    KVTIER_LOG_EVERY(std::chrono::seconds(10), warn,
+                     "disk tier at {}: {} bytes wait for the disk writer (disk_tier.spill_buffer_bytes); host "
+                     "evictions drop blocks until it catches up",
+                     options_.disk_path, spill_bytes_);
+    EraseEntryLocked(h);
+    return;
+  }
   if (e.size_bytes > disk_capacity_ || !MakeDiskRoomLocked(e.size_bytes)) {
     EraseEntryLocked(h);
     return;
   }
-  const DiskBlockMeta meta{.namespace_id = e.namespace_id,
-                           .tenant_id = e.tenant_id,
-                           .size_bytes = e.size_bytes,
-                           .checksum = e.checksum,
-                           .depth = e.depth,
-                           .access_count = e.access_count,
-                           .block_meta = e.block_meta};
-  const std::span<const std::byte> bytes(allocator_->Data(e.slot), e.size_bytes);
+  auto copy = std::make_shared<std::vector<std::byte>>(e.size_bytes);
+  std::memcpy(copy->data(), allocator_->Data(e.slot), e.size_bytes);
   // The checksum is verified whenever a block moves between tiers, so memory corruption never reaches disk.
-  if (BlockChecksum(bytes.data(), bytes.size()) != e.checksum) {
+  if (BlockChecksum(copy->data(), copy->size()) != e.checksum) {
     stats_.checksum_failures.fetch_add(1, std::memory_order_relaxed);
-    EraseEntryLocked(h);
-    return;
-  }
-  disk_->NoteLogicalBytes(stats_.disk_bytes.load(std::memory_order_relaxed) + e.size_bytes);
-  if (const absl::Status put = disk_->Put(e.key, meta, bytes); !put.ok()) {
-    (absl::IsFailedPrecondition(put) ? stats_.disk_spill_refused : stats_.disk_errors)
-        .fetch_add(1, std::memory_order_relaxed);
     EraseEntryLocked(h);
     return;
   }
@@ -346,6 +371,82 @@ void BlockStore::DemoteOrDropLocked(EntryHandle h) {
   stats_.disk_blocks.fetch_add(1, std::memory_order_relaxed);
   stats_.disk_bytes.fetch_add(e.size_bytes, std::memory_order_relaxed);
   stats_.demotions.fetch_add(1, std::memory_order_relaxed);
+  e.in_transit = copy;
+  spill_bytes_ += e.size_bytes;
+  stats_.disk_spill_queue_bytes.store(spill_bytes_, std::memory_order_relaxed);
+  {
+    std::lock_guard<std::mutex> q(disk_queue_mu_);
+    disk_queue_.push_back(
+        DiskOp{.key = e.key, .bytes = std::move(copy), .meta = std::make_shared<DiskBlockMeta>(DiskMetaOf(e))});
+  }
+  disk_queue_cv_.notify_one();
+}
+
+void BlockStore::EnqueueDiskDeleteLocked(const BlockKey& key) {
+  {
+    std::lock_guard<std::mutex> q(disk_queue_mu_);
+    disk_queue_.push_back(DiskOp{.key = key});
+  }
+  disk_queue_cv_.notify_one();
+}
+
+void BlockStore::DiskWriterLoop() {
+  for (;;) {
+    DiskOp op;
+    {
+      std::unique_lock<std::mutex> q(disk_queue_mu_);
+      disk_queue_cv_.wait(q, [&] { return disk_writer_stop_ || !disk_queue_.empty(); });
+      if (disk_queue_.empty()) return;  // stopping, and everything queued has run
+      op = std::move(disk_queue_.front());
+      disk_queue_.pop_front();
+      disk_writer_busy_ = true;
+    }
+    if (op.bytes != nullptr) {
+      RunDiskWrite(op);
+    } else {
+      CountDiskDelete(disk_->Delete(op.key));
+    }
+    op = DiskOp{};  // the copy is freed before anyone is told the queue is empty
+    std::lock_guard<std::mutex> q(disk_queue_mu_);
+    disk_writer_busy_ = false;
+    if (disk_queue_.empty()) disk_idle_cv_.notify_all();
+  }
+}
+
+void BlockStore::RunDiskWrite(const DiskOp& op) {
+  const uint64_t size = op.bytes->size();
+  auto done = [&] {  // needs mu_
+    spill_bytes_ -= std::min(spill_bytes_, size);
+    stats_.disk_spill_queue_bytes.store(spill_bytes_, std::memory_order_relaxed);
+  };
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = index_.find(op.key);
+    if (it == index_.end() || entries_[it->second].in_transit != op.bytes) {
+      done();  // dropped or moved back up meanwhile: nothing to write
+      return;
+    }
+  }
+  disk_->NoteLogicalBytes(stats_.disk_bytes.load(std::memory_order_relaxed));
+  const absl::Status put = disk_->Put(op.key, *op.meta, *op.bytes);
+  std::lock_guard<std::mutex> lock(mu_);
+  done();
+  auto it = index_.find(op.key);
+  // Dropped or moved up while it was written: its delete is queued behind this write.
+  if (it == index_.end() || entries_[it->second].in_transit != op.bytes) return;
+  const EntryHandle h = it->second;
+  entries_[h].in_transit.reset();  // on disk now: reads go there
+  if (put.ok()) return;
+  (absl::IsFailedPrecondition(put) ? stats_.disk_spill_refused : stats_.disk_errors)
+      .fetch_add(1, std::memory_order_relaxed);
+  // Not on disk: dropped (a leased one goes when its read finds nothing, never served).
+  if (entries_[h].lease_count == 0) EraseEntryLocked(h);
+}
+
+void BlockStore::WaitForDiskWrites() {
+  if (disk_ == nullptr) return;
+  std::unique_lock<std::mutex> q(disk_queue_mu_);
+  disk_idle_cv_.wait(q, [&] { return disk_queue_.empty() && !disk_writer_busy_; });
 }
 
 uint64_t BlockStore::LeaseBufferBoundLocked() const {
@@ -354,58 +455,130 @@ uint64_t BlockStore::LeaseBufferBoundLocked() const {
              : std::max({options_.capacity_bytes / 8, uint64_t{64} << 20, allocator_->max_block_bytes()});
 }
 
-BlockStore::DiskLoad BlockStore::LoadFromDiskLocked(EntryHandle h, std::vector<std::byte>* owned) {
+void BlockStore::SwitchDiskToHostLocked(EntryHandle h, SlotRef slot) {
   Entry& e = entries_[h];
-  const DiskBlockMeta meta{.namespace_id = e.namespace_id,
-                           .tenant_id = e.tenant_id,
-                           .size_bytes = e.size_bytes,
-                           .checksum = e.checksum,
-                           .depth = e.depth,
-                           .access_count = e.access_count,
-                           .block_meta = e.block_meta};
-  std::optional<SlotRef> slot;
-  // A leased block moves up only within its tenant's pinned bound; past it, it is served from a buffer of
-  // the lease's own and stays on disk, where its lease pins no host slot.
-  if (options_.promote_on_hit && (e.lease_count == 0 || MayPinInHostLocked(e, /*adds_bytes=*/true))) {
-    const uint64_t slot_bytes = allocator_->SlotBytes(e.size_bytes);
-    slot = allocator_->Allocate(e.size_bytes);
-    while (!slot.has_value() && EvictOneLocked(slot_bytes)) slot = allocator_->Allocate(e.size_bytes);
+  // Exclusive tiers: the block leaves the disk as it enters host memory.
+  disk_policy_->OnErase(h);
+  EnqueueDiskDeleteLocked(e.key);
+  e.in_transit.reset();  // a write still queued is skipped
+  stats_.disk_blocks.fetch_sub(1, std::memory_order_relaxed);
+  stats_.disk_bytes.fetch_sub(e.size_bytes, std::memory_order_relaxed);
+  e.slot = slot;
+  SetTierLocked(h, Tier::kHost);
+  if (sink_ != nullptr) sink_->OnMoved(EventInfoOf(e), Tier::kDisk);
+  policy_->OnInsert(h, AccessOf(e));
+  stats_.stored_blocks.fetch_add(1, std::memory_order_relaxed);
+  stats_.stored_bytes.fetch_add(allocator_->SlotBytesOf(slot), std::memory_order_relaxed);
+  stats_.promotions.fetch_add(1, std::memory_order_relaxed);
+}
+
+void BlockStore::LoadDiskBlocks(std::unique_lock<std::mutex>& lock, std::vector<EntryHandle>& leased,
+                                std::vector<std::shared_ptr<const std::vector<std::byte>>>* owned,
+                                uint64_t* owned_bytes, uint32_t* refused_buffer) {
+  struct Read {
+    size_t index = 0;
+    EntryHandle h = kNoEntry;
+    BlockKey key;
+    DiskBlockMeta meta;
+    std::optional<SlotRef> slot;                     // read into this host slot (the block moves up)
+    std::shared_ptr<std::vector<std::byte>> buffer;  // else into this buffer of the lease's own
+    std::byte* dst = nullptr;
+    absl::Status status;
+  };
+  std::vector<Read> reads;
+  const uint64_t buffer_bound = LeaseBufferBoundLocked();
+  auto take_buffer = [&](uint64_t bytes) {
+    if (owned == nullptr || lease_buffer_used_ + bytes > buffer_bound) return false;
+    lease_buffer_used_ += bytes;
+    return true;
+  };
+  auto leave_out = [&](size_t i, bool for_buffer) {
+    const EntryHandle h = leased[i];
+    leased[i] = kNoEntry;
+    UnpinEntryLocked(h);
+    if (for_buffer && refused_buffer != nullptr) ++*refused_buffer;
+  };
+  for (size_t i = 0; i < leased.size(); ++i) {
+    const EntryHandle h = leased[i];
+    if (h == kNoEntry || entries_[h].tier != Tier::kDisk) continue;
+    const uint64_t size = entries_[h].size_bytes;
+    // A leased block moves up only within its tenant's pinned bound; past it, it is served from a buffer
+    // of the lease's own and stays on disk, where its lease pins no host slot.
+    std::optional<SlotRef> slot;
+    if (options_.promote_on_hit && MayPinInHostLocked(entries_[h], /*adds_bytes=*/true)) {
+      const uint64_t slot_bytes = allocator_->SlotBytes(size);
+      slot = allocator_->Allocate(size);
+      while (!slot.has_value() && EvictOneLocked(slot_bytes)) slot = allocator_->Allocate(size);
+    }
+    Entry& e = entries_[h];
+    if (e.in_transit != nullptr) {  // not written yet: its bytes are here, verified when they were copied
+      if (slot.has_value()) {
+        std::byte* dst = allocator_->Data(*slot);
+        std::memcpy(dst, e.in_transit->data(), size);
+        if (BlockChecksum(dst, size) == e.checksum) {
+          SwitchDiskToHostLocked(h, *slot);
+          continue;
+        }
+        allocator_->Free(*slot);
+        stats_.checksum_failures.fetch_add(1, std::memory_order_relaxed);
+        leave_out(i, false);
+        continue;
+      }
+      if (!take_buffer(size)) {
+        leave_out(i, owned != nullptr);
+        continue;
+      }
+      (*owned)[i] = e.in_transit;
+      *owned_bytes += size;
+      continue;
+    }
+    Read r{.index = i, .h = h, .key = e.key, .meta = DiskMetaOf(e), .slot = slot};
+    if (slot.has_value()) {
+      r.dst = allocator_->Data(*slot);
+    } else {
+      if (!take_buffer(size)) {
+        leave_out(i, owned != nullptr);
+        continue;
+      }
+      r.buffer = std::make_shared<std::vector<std::byte>>(size);
+      r.dst = r.buffer->data();
+    }
+    reads.push_back(std::move(r));
   }
-  std::span<std::byte> dst;
-  if (slot.has_value()) {
-    dst = std::span<std::byte>(allocator_->Data(*slot), e.size_bytes);
-  } else {
-    if (owned == nullptr) return DiskLoad::kNoBuffer;
-    owned->resize(e.size_bytes);
-    dst = std::span<std::byte>(*owned);
+  if (reads.empty()) {
+    stats_.lease_buffer_bytes.store(lease_buffer_used_, std::memory_order_relaxed);
+    return;
   }
-  const absl::Status s = disk_->Get(e.key, meta, dst);
-  if (!s.ok()) {
-    if (slot.has_value()) allocator_->Free(*slot);
-    if (owned != nullptr) owned->clear();
-    if (s.code() == absl::StatusCode::kDataLoss) {
+  // The entries are pinned (never evicted), their slots and buffers are this call's: read unlocked.
+  lock.unlock();
+  for (Read& r : reads) r.status = disk_->Get(r.key, r.meta, std::span<std::byte>(r.dst, r.meta.size_bytes));
+  stats_.disk_reads.fetch_add(reads.size(), std::memory_order_relaxed);
+  lock.lock();
+  for (Read& r : reads) {
+    const uint64_t size = r.meta.size_bytes;
+    // Another reader may have moved it up meanwhile: then it is served from host memory.
+    const bool on_disk = entries_[r.h].tier == Tier::kDisk;
+    if (r.status.ok() && on_disk) {
+      if (r.slot.has_value()) {
+        SwitchDiskToHostLocked(r.h, *r.slot);
+      } else {
+        (*owned)[r.index] = std::move(r.buffer);
+        *owned_bytes += size;
+      }
+      continue;
+    }
+    if (r.slot.has_value()) allocator_->Free(*r.slot);
+    if (r.buffer != nullptr) lease_buffer_used_ -= std::min(lease_buffer_used_, size);
+    if (!on_disk) continue;
+    if (r.status.code() == absl::StatusCode::kDataLoss) {
       stats_.disk_checksum_failures.fetch_add(1, std::memory_order_relaxed);
-    } else if (!absl::IsUnavailable(s)) {  // Unavailable: the tier is off, the block is a miss
+    } else if (!absl::IsUnavailable(r.status)) {  // Unavailable: the tier is off, the block is a miss
       stats_.disk_errors.fetch_add(1, std::memory_order_relaxed);
     }
-    if (e.lease_count == 0) EraseEntryLocked(h);  // never served; a leased entry goes when released
-    return DiskLoad::kFailed;
+    leased[r.index] = kNoEntry;
+    if (UnpinEntryLocked(r.h) == 0) EraseEntryLocked(r.h);  // bad or unreadable: never served
   }
-  if (slot.has_value()) {
-    // Exclusive tiers: the block leaves the disk as it enters host memory.
-    disk_policy_->OnErase(h);
-    CountDiskDelete(disk_->Delete(e.key));
-    stats_.disk_blocks.fetch_sub(1, std::memory_order_relaxed);
-    stats_.disk_bytes.fetch_sub(e.size_bytes, std::memory_order_relaxed);
-    e.slot = *slot;
-    SetTierLocked(h, Tier::kHost);
-    if (sink_ != nullptr) sink_->OnMoved(EventInfoOf(e), Tier::kDisk);
-    policy_->OnInsert(h, AccessOf(e));
-    stats_.stored_blocks.fetch_add(1, std::memory_order_relaxed);
-    stats_.stored_bytes.fetch_add(allocator_->SlotBytesOf(*slot), std::memory_order_relaxed);
-    stats_.promotions.fetch_add(1, std::memory_order_relaxed);
-  }
-  return DiskLoad::kLoaded;
+  stats_.lease_buffer_bytes.store(lease_buffer_used_, std::memory_order_relaxed);
 }
 
 bool BlockStore::ReadHbmLocked(const Entry& e, std::vector<std::byte>* out) {
@@ -763,26 +936,29 @@ BlockStore::VerifyResult BlockStore::Verify(const std::function<void(uint64_t, u
   }
   std::vector<std::byte> buffer;
   for (const BlockKey& key : keys) {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::unique_lock<std::mutex> lock(mu_);
     auto it = index_.find(key);
     if (it == index_.end() || entries_[it->second].state != State::kCommitted) continue;  // gone meanwhile
     const EntryHandle h = it->second;
-    Entry& e = entries_[h];
     bool ok = true;
-    if (e.tier == Tier::kHost) {
-      ok = BlockChecksum(allocator_->Data(e.slot), e.size_bytes) == e.checksum;
-    } else if (e.tier == Tier::kHbm) {
-      ok = ReadHbmLocked(e, &buffer);
+    const Tier tier = entries_[h].tier;
+    if (tier == Tier::kHost) {
+      ok = BlockChecksum(allocator_->Data(entries_[h].slot), entries_[h].size_bytes) == entries_[h].checksum;
+    } else if (tier == Tier::kHbm) {
+      ok = ReadHbmLocked(entries_[h], &buffer);
+    } else if (const auto& copy = entries_[h].in_transit; copy != nullptr) {
+      ok = BlockChecksum(copy->data(), copy->size()) == entries_[h].checksum;  // not on disk yet
     } else {
-      buffer.resize(e.size_bytes);
-      const DiskBlockMeta meta{.namespace_id = e.namespace_id,
-                               .tenant_id = e.tenant_id,
-                               .size_bytes = e.size_bytes,
-                               .checksum = e.checksum,
-                               .depth = e.depth,
-                               .access_count = e.access_count};
-      const absl::Status got = disk_->Get(e.key, meta, buffer);
-      if (absl::IsUnavailable(got)) continue;  // the disk tier is off: nothing to check now
+      // Read without the lock; the pin keeps the block on disk meanwhile.
+      const DiskBlockMeta meta = DiskMetaOf(entries_[h]);
+      PinEntryLocked(h);
+      lock.unlock();
+      buffer.resize(meta.size_bytes);
+      const absl::Status got = disk_->Get(key, meta, buffer);
+      lock.lock();
+      UnpinEntryLocked(h);
+      if (absl::IsUnavailable(got)) continue;         // the disk tier is off: nothing to check now
+      if (entries_[h].tier != Tier::kDisk) continue;  // moved up meanwhile, verified as it moved
       ok = got.ok();
     }
     ++result.checked;
@@ -790,13 +966,12 @@ BlockStore::VerifyResult BlockStore::Verify(const std::function<void(uint64_t, u
       ++result.corrupt;
       result.corrupt_keys.push_back(key);
       // ReadHbmLocked counted its own failure.
-      if (e.tier != Tier::kHbm) {
-        (e.tier == Tier::kHost ? stats_.checksum_failures : stats_.disk_checksum_failures)
+      if (tier != Tier::kHbm) {
+        (tier == Tier::kHost ? stats_.checksum_failures : stats_.disk_checksum_failures)
             .fetch_add(1, std::memory_order_relaxed);
       }
-      if (e.lease_count == 0)
-        EraseEntryLocked(h);  // a leased one is already in a reader's hands; the
-                              // reader's own checksum check rejects it
+      // A leased one is already in a reader's hands; the reader's own checksum check rejects it.
+      if (entries_[h].lease_count == 0) EraseEntryLocked(h);
     }
     if (progress && result.checked % 256 == 0) progress(result.checked, keys.size());
   }
@@ -1154,7 +1329,7 @@ bool BlockStore::MayPinInHostLocked(const Entry& e, bool adds_bytes) const {
 bool BlockStore::MayPinLocked(EntryHandle h) const {
   const Entry& e = entries_[h];
   // A disk or HBM block pins no host slot (a disk block read for a lease moves up only within the
-  // bound, LoadFromDiskLocked).
+  // bound, LoadDiskBlocks).
   if (e.tier != Tier::kHost) return true;
   return MayPinInHostLocked(e, /*adds_bytes=*/e.lease_count == 0);
 }
@@ -1179,42 +1354,18 @@ BlockStore::ReadLease BlockStore::AcquireRead(const NamespaceRef& ns, std::span<
                                               absl::Duration lease_ttl) {
   ReadLease result;
   result.blocks.resize(keys.size());
-  std::vector<std::vector<std::byte>> owned;
-  uint64_t hits = 0, bytes = 0;
-  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<std::shared_ptr<const std::vector<std::byte>>> owned(keys.size());
+  uint64_t hits = 0, bytes = 0, owned_bytes = 0;
+  uint32_t refused_buffer = 0;
+  std::unique_lock<std::mutex> lock(mu_);
   ExpireLocked(clock_->Now());
   // Pin every present block first, so that promoting one disk block cannot evict another of this read.
   std::vector<EntryHandle> leased = PinCommittedLocked(ns, keys, &result.refused_pinned);
-  uint64_t owned_bytes = 0, refused_buffer = 0;
+  LoadDiskBlocks(lock, leased, &owned, &owned_bytes, &refused_buffer);
   const uint64_t buffer_bound = LeaseBufferBoundLocked();
-  auto buffer_fits = [&](uint64_t bytes) { return lease_buffer_used_ + owned_bytes + bytes <= buffer_bound; };
-  auto refuse = [&](size_t i) {  // answered absent: the lease buffers are at their bound
-    const EntryHandle h = leased[i];
-    leased[i] = kNoEntry;
-    UnpinEntryLocked(h);
-    ++refused_buffer;
-  };
   for (size_t i = 0; i < keys.size(); ++i) {
     const EntryHandle h = leased[i];
     if (h == kNoEntry) continue;
-    if (entries_[h].tier == Tier::kDisk) {
-      std::vector<std::byte> buffer;
-      const DiskLoad load = LoadFromDiskLocked(h, buffer_fits(entries_[h].size_bytes) ? &buffer : nullptr);
-      if (load == DiskLoad::kNoBuffer) {
-        refuse(i);
-        continue;
-      }
-      if (load == DiskLoad::kFailed) {
-        leased[i] = kNoEntry;
-        if (UnpinEntryLocked(h) == 0) EraseEntryLocked(h);  // bad or unreadable: never served
-        continue;
-      }
-      if (!buffer.empty()) {
-        owned.resize(keys.size());
-        owned_bytes += buffer.size();
-        owned[i] = std::move(buffer);
-      }
-    }
     // Only a block no other lease holds moves up: another reader may be reading its host slot.
     if (hbm_memory_ != nullptr && options_.hbm_promote_on_hit && entries_[h].tier == Tier::kHost &&
         entries_[h].lease_count == 1) {
@@ -1222,17 +1373,21 @@ BlockStore::ReadLease BlockStore::AcquireRead(const NamespaceRef& ns, std::span<
     }
     if (entries_[h].tier == Tier::kHbm) {
       // Served from a host copy made for this lease (verified), so transports read host memory.
-      if (!buffer_fits(entries_[h].size_bytes)) {
-        refuse(i);
+      if (lease_buffer_used_ + entries_[h].size_bytes > buffer_bound) {
+        leased[i] = kNoEntry;  // answered absent: the lease buffers are at their bound
+        UnpinEntryLocked(h);
+        ++refused_buffer;
         continue;
       }
-      owned.resize(keys.size());
-      if (!ReadHbmLocked(entries_[h], &owned[i])) {
+      auto copy = std::make_shared<std::vector<std::byte>>();
+      if (!ReadHbmLocked(entries_[h], copy.get())) {
         leased[i] = kNoEntry;
         if (UnpinEntryLocked(h) == 0) EraseEntryLocked(h);  // bad or unreadable: never served
         continue;
       }
-      owned_bytes += owned[i].size();
+      lease_buffer_used_ += copy->size();
+      owned_bytes += copy->size();
+      owned[i] = std::move(copy);
     }
     Entry& e = entries_[h];
     result.blocks[i] = {.present = true, .size_bytes = e.size_bytes, .checksum = e.checksum};
@@ -1248,11 +1403,12 @@ BlockStore::ReadLease BlockStore::AcquireRead(const NamespaceRef& ns, std::span<
   if (hits > 0) {
     result.lease_id = NewLeaseLocked(std::move(leased), ClampLease(lease_ttl), /*counted=*/true);
     Lease& lease = leases_[result.lease_id];
-    lease.owned = std::move(owned);
-    lease.owned_bytes = owned_bytes;
-    lease_buffer_used_ += owned_bytes;
-    stats_.lease_buffer_bytes.store(lease_buffer_used_, std::memory_order_relaxed);
+    if (owned_bytes > 0) lease.owned = std::move(owned);
+    lease.owned_bytes = owned_bytes;  // already counted in lease_buffer_used_
+  } else {
+    lease_buffer_used_ -= std::min(lease_buffer_used_, owned_bytes);
   }
+  stats_.lease_buffer_bytes.store(lease_buffer_used_, std::memory_order_relaxed);
   if (refused_buffer > 0) {
     stats_.lease_refusals_buffer.fetch_add(refused_buffer, std::memory_order_relaxed);
     KVTIER_LOG_EVERY(std::chrono::seconds(10), warn,
@@ -1269,25 +1425,18 @@ absl::StatusOr<BlockStore::HbmLease> BlockStore::AcquireHbmRead(const NamespaceR
   HbmLease result;
   result.blocks.resize(keys.size());
   uint64_t hits = 0, bytes = 0;
-  std::lock_guard<std::mutex> lock(mu_);
+  std::unique_lock<std::mutex> lock(mu_);
   ExpireLocked(clock_->Now());
   // Pin first, so that bringing one block up cannot evict another of this request.
   std::vector<EntryHandle> leased = PinCommittedLocked(ns, keys, &result.refused_pinned);
+  // Disk blocks move up to host memory (read without the lock), or are left out for the host data path.
+  LoadDiskBlocks(lock, leased, nullptr, nullptr, nullptr);
   for (size_t i = 0; i < keys.size(); ++i) {
     const EntryHandle h = leased[i];
     if (h == kNoEntry) continue;
     bool placed = true;
-    if (entries_[h].tier == Tier::kDisk) {
-      std::vector<std::byte> unused;
-      if (LoadFromDiskLocked(h, &unused) != DiskLoad::kLoaded) {
-        leased[i] = kNoEntry;
-        if (UnpinEntryLocked(h) == 0) EraseEntryLocked(h);  // bad or unreadable: never served
-        continue;
-      }
-      placed = entries_[h].tier == Tier::kHost;  // else no room in host memory (or no promotion)
-    }
     // A host block another lease holds stays where it is: that reader may be reading its slot.
-    if (placed && entries_[h].tier == Tier::kHost) placed = entries_[h].lease_count == 1 && PromoteToHbmLocked(h);
+    if (entries_[h].tier == Tier::kHost) placed = entries_[h].lease_count == 1 && PromoteToHbmLocked(h);
     Entry& e = entries_[h];
     void* address = placed ? hbm_memory_->DeviceAddress(hbm_allocator_->Offset(e.slot)) : nullptr;
     if (address == nullptr) {  // stays where it is, for the host data path
@@ -1401,10 +1550,15 @@ absl::StatusOr<BlockStore::PinnedBlock> BlockStore::PinForSend(const CapabilityI
   }
   const Entry& e = entries_[lease.entries[index]];
   PinnedBlock pinned{.size_bytes = e.size_bytes, .expires_in = lease.expiry - clock_->Now()};
-  if (index < lease.owned.size() && !lease.owned[index].empty()) {
-    pinned.data = lease.owned[index].data();  // read from disk for this lease, not promoted
-  } else {
+  if (index < lease.owned.size() && lease.owned[index] != nullptr) {
+    // Read from disk or copied from HBM for this lease; a send only reads it.
+    pinned.data = const_cast<std::byte*>(lease.owned[index]->data());
+  } else if (e.tier == Tier::kHost) {
     pinned.data = allocator_->Data(e.slot);
+  } else {
+    // A lease taken by Lookup holds a disk or HBM block without a host copy: there are no bytes to send.
+    return absl::FailedPreconditionError(
+        absl::StrCat("block ", index, " is in the ", TierName(e.tier), " tier; read it with a read lease"));
   }
   ++lease.pins;
   return pinned;
@@ -1502,6 +1656,7 @@ std::optional<Tier> BlockStore::TierOfForTest(const BlockKey& key) const {
 }
 
 absl::Status BlockStore::CorruptBlockForTest(const BlockKey& key, uint64_t offset) {
+  WaitForDiskWrites();  // a disk block's record exists once its write ran
   std::lock_guard<std::mutex> lock(mu_);
   auto it = index_.find(key);
   if (it == index_.end() || entries_[it->second].state != State::kCommitted) {

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <filesystem>
 #include <memory>
+#include <shared_mutex>
 #include <vector>
 
 #include <rocksdb/db.h>
@@ -303,7 +304,7 @@ DiskTier::~DiskTier() = default;
 
 absl::StatusOr<std::unique_ptr<DiskTier>> DiskTier::Open(const std::string& path) {
   auto tier = OpenOrDegrade({.path = path});
-  std::lock_guard<std::mutex> lock(tier->mu_);
+  std::lock_guard<std::shared_mutex> lock(tier->mu_);
   if (tier->impl_ == nullptr || tier->read_only_open_) {
     return absl::InternalError(absl::StrCat("opening the disk tier: ", tier->reason_, " (path ", path, ")"));
   }
@@ -314,7 +315,7 @@ std::unique_ptr<DiskTier> DiskTier::OpenOrDegrade(const DiskTierOptions& options
   auto tier = std::unique_ptr<DiskTier>(new DiskTier(options));
   uint64_t total = 0, avail = 0;
   if (VolumeOf(options.path, &total, &avail)) tier->free_bytes_.store(avail, std::memory_order_relaxed);
-  std::lock_guard<std::mutex> lock(tier->mu_);
+  std::lock_guard<std::shared_mutex> lock(tier->mu_);
   tier->SizeForVolumeLocked(total);
   tier->OpenLocked();
   return tier;
@@ -580,12 +581,12 @@ void DiskTier::CloseLocked() {
 }
 
 std::string DiskTier::reason() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::shared_lock<std::shared_mutex> lock(mu_);
   return reason_;
 }
 
 uint64_t DiskTier::database_bytes() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::shared_lock<std::shared_mutex> lock(mu_);
   if (impl_ != nullptr && impl_->files != nullptr) return impl_->files->GetTotalSize();
   return impl_ != nullptr ? DirectoryBytes() : 0;  // read-only: no SstFileManager, count the files
 }
@@ -607,7 +608,7 @@ void DiskTier::OnIoErrorLocked(const char* op, std::atomic<uint64_t>& counter, c
 
 bool DiskTier::HasRoomFor(uint64_t bytes) {
   if (state() != DiskTierState::kOk) return false;
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<std::shared_mutex> lock(mu_);
   if (state() != DiskTierState::kOk) return false;
   if (!RefreshFree() || volume_bytes() == 0) return true;  // no statvfs: RocksDB's own limit still holds
   // Written once (no WAL); the floor leaves room for the write buffers' flush and for compactions.
@@ -664,7 +665,7 @@ void DiskTier::CheckGarbageLocked() {
 }
 
 bool DiskTier::Probe(uint64_t logical_bytes) {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<std::shared_mutex> lock(mu_);
   if (logical_bytes > 0) NoteLogicalBytes(logical_bytes);
   const auto now = std::chrono::steady_clock::now();
   uint64_t total = 0, avail = 0;
@@ -759,20 +760,29 @@ bool DiskTier::Probe(uint64_t logical_bytes) {
 }
 
 absl::Status DiskTier::Put(const BlockKey& key, const DiskBlockMeta& meta, std::span<const std::byte> bytes) {
+  if (options_.before_io_for_test) options_.before_io_for_test("write");
   if (!HasRoomFor(bytes.size())) {
     return absl::FailedPreconditionError(absl::StrCat("disk tier is ", DiskTierStateName(state())));
   }
-  std::lock_guard<std::mutex> lock(mu_);
-  if (impl_ == nullptr || state() != DiskTierState::kOk) {
-    return absl::FailedPreconditionError(absl::StrCat("disk tier is ", DiskTierStateName(state())));
-  }
   const std::string k = KeyBytes(key);
-  pending_deletes_.erase(k);
-  rocksdb::WriteBatch batch;
-  batch.Put(impl_->blocks, k, rocksdb::Slice(reinterpret_cast<const char*>(bytes.data()), bytes.size()));
-  batch.Put(impl_->meta, k, MetaBytes(meta));
-  absl::Status s = FromRocks(impl_->db->Write(NoWal(), &batch), "writing a block");
-  if (!s.ok()) OnIoErrorLocked("writing a block", errors_.write, s, /*write=*/true);
+  absl::Status s;
+  {
+    // Shared: reads (and other writes) go on beside this one; RocksDB is thread-safe.
+    std::shared_lock<std::shared_mutex> lock(mu_);
+    if (impl_ == nullptr || state() != DiskTierState::kOk) {
+      return absl::FailedPreconditionError(absl::StrCat("disk tier is ", DiskTierStateName(state())));
+    }
+    rocksdb::WriteBatch batch;
+    batch.Put(impl_->blocks, k, rocksdb::Slice(reinterpret_cast<const char*>(bytes.data()), bytes.size()));
+    batch.Put(impl_->meta, k, MetaBytes(meta));
+    s = FromRocks(impl_->db->Write(NoWal(), &batch), "writing a block");
+  }
+  std::lock_guard<std::shared_mutex> lock(mu_);
+  if (s.ok()) {
+    pending_deletes_.erase(k);  // a delete refused earlier no longer applies to the new record
+  } else {
+    OnIoErrorLocked("writing a block", errors_.write, s, /*write=*/true);
+  }
   if (++puts_since_check_ >= 16) {  // garbage grows with spills: check it between probes too
     puts_since_check_ = 0;
     CheckGarbageLocked();
@@ -781,7 +791,8 @@ absl::Status DiskTier::Put(const BlockKey& key, const DiskBlockMeta& meta, std::
 }
 
 absl::Status DiskTier::Get(const BlockKey& key, const DiskBlockMeta& meta, std::span<std::byte> out) {
-  std::lock_guard<std::mutex> lock(mu_);
+  if (options_.before_io_for_test) options_.before_io_for_test("read");
+  std::shared_lock<std::shared_mutex> lock(mu_);  // reads run beside each other and beside writes
   if (impl_ == nullptr) return absl::UnavailableError("disk tier is off");
   rocksdb::PinnableSlice value;
   rocksdb::ReadOptions ro;
@@ -803,24 +814,36 @@ absl::Status DiskTier::Get(const BlockKey& key, const DiskBlockMeta& meta, std::
 }
 
 absl::Status DiskTier::Delete(const BlockKey& key) {
-  std::lock_guard<std::mutex> lock(mu_);
-  const DiskTierState st = state();
+  if (options_.before_io_for_test) options_.before_io_for_test("delete");
   const std::string k = KeyBytes(key);
-  if (impl_ == nullptr || read_only_open_ || st == DiskTierState::kReadOnly || st == DiskTierState::kOff) {
-    // Remembered (bounded: past 1M keys the rest are found stale by the store's reconcile instead).
-    if (pending_deletes_.size() < (1u << 20)) pending_deletes_.insert(k);
-    return absl::FailedPreconditionError(absl::StrCat("disk tier is ", DiskTierStateName(st)));
+  {
+    std::lock_guard<std::shared_mutex> lock(mu_);
+    const DiskTierState st = state();
+    if (impl_ == nullptr || read_only_open_ || st == DiskTierState::kReadOnly || st == DiskTierState::kOff) {
+      // Remembered (bounded: past 1M keys the rest are found stale by the store's reconcile instead).
+      if (pending_deletes_.size() < (1u << 20)) pending_deletes_.insert(k);
+      return absl::FailedPreconditionError(absl::StrCat("disk tier is ", DiskTierStateName(st)));
+    }
   }
-  rocksdb::WriteBatch batch;
-  batch.Delete(impl_->meta, k);
-  batch.Delete(impl_->blocks, k);
-  absl::Status s = FromRocks(impl_->db->Write(NoWal(), &batch), "deleting a block");
-  if (!s.ok()) OnIoErrorLocked("deleting a block", errors_.remove, s, /*write=*/true);
+  absl::Status s;
+  {
+    std::shared_lock<std::shared_mutex> lock(mu_);
+    // Closed meanwhile (a probe reopening it): the store's reconcile finds the record stale.
+    if (impl_ == nullptr || read_only_open_) return absl::FailedPreconditionError("disk tier is reopening");
+    rocksdb::WriteBatch batch;
+    batch.Delete(impl_->meta, k);
+    batch.Delete(impl_->blocks, k);
+    s = FromRocks(impl_->db->Write(NoWal(), &batch), "deleting a block");
+  }
+  if (!s.ok()) {
+    std::lock_guard<std::shared_mutex> lock(mu_);
+    OnIoErrorLocked("deleting a block", errors_.remove, s, /*write=*/true);
+  }
   return s;
 }
 
 absl::Status DiskTier::ForEach(const std::function<void(const BlockKey&, const DiskBlockMeta&)>& visit, uint64_t* bad) {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<std::shared_mutex> lock(mu_);
   if (impl_ == nullptr) return absl::UnavailableError("disk tier is off");
   std::unique_ptr<rocksdb::Iterator> it(impl_->db->NewIterator(rocksdb::ReadOptions(), impl_->meta));
   std::vector<std::string> broken;
@@ -856,7 +879,7 @@ absl::Status DiskTier::ForEach(const std::function<void(const BlockKey&, const D
 }
 
 absl::Status DiskTier::CorruptForTest(const BlockKey& key, uint64_t offset) {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<std::shared_mutex> lock(mu_);
   if (impl_ == nullptr) return absl::NotFoundError("disk tier is off");
   const std::string k = KeyBytes(key);
   std::string value;

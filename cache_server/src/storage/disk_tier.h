@@ -8,6 +8,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <shared_mutex>
 #include <span>
 #include <string>
 #include <string_view>
@@ -72,6 +73,9 @@ struct DiskTierOptions {
   // Probe() flushes them once the oldest has waited this long: a killed process loses at most this
   // much of the newest spills (or the write buffers, if they fill first).
   std::chrono::milliseconds flush_interval{5000};
+  // For tests of a stalled disk: called with "read", "write" or "delete" before each block read, write
+  // and delete, on the calling thread, with no lock of the tier held; it may block. Null: none.
+  std::function<void(const char* op)> before_io_for_test;
 };
 
 // Disk I/O errors by operation since creation (every one is also logged, rate limited).
@@ -189,6 +193,7 @@ class DiskTier {
   void CloseLocked();
   void SetStateLocked(DiskTierState state, std::string reason);
   // Logs an I/O error of operation `op` (rate limited), counts it and moves to the state it implies.
+  // Needs mu_ exclusively when `write`; a read error (only counted and logged) needs it shared.
   void OnIoErrorLocked(const char* op, std::atomic<uint64_t>& counter, const absl::Status& s, bool write);
   // statvfs of the volume; false when it cannot be read.
   bool RefreshFree();
@@ -205,7 +210,9 @@ class DiskTier {
   std::atomic<bool> logical_known_{false};  // logical_bytes_ was ever given
   uint32_t puts_since_check_ = 0;           // guarded by mu_
   DiskErrorCounters errors_;
-  mutable std::mutex mu_;
+  // Exclusive for the state and the database's lifetime (open, close, probe); shared for the RocksDB
+  // reads, writes and deletes themselves, so that reads never wait on a write.
+  mutable std::shared_mutex mu_;
   std::string reason_;           // guarded by mu_
   std::unique_ptr<Impl> impl_;   // guarded by mu_; null when kOff
   bool read_only_open_ = false;  // guarded by mu_; impl_ was opened read-only

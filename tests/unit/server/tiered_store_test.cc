@@ -3,10 +3,14 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <future>
+#include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -35,6 +39,49 @@ std::vector<std::byte> Payload(uint32_t seed, uint64_t size = kBlock) {
   return b;
 }
 
+// Holds disk operations of one kind ("read", "write", "delete") while closed: the disk I/O hook of the
+// store under test waits in Pass() until the test opens it again.
+class DiskGate {
+ public:
+  void Close(const std::string& op) {
+    std::lock_guard<std::mutex> lock(mu_);
+    closed_ = op;
+  }
+  void Open() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      closed_.clear();
+    }
+    cv_.notify_all();
+  }
+  void Pass(const char* op) {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (closed_ != op) return;
+    ++waiting_;
+    cv_.notify_all();
+    cv_.wait(lock, [&] { return closed_ != op; });
+    --waiting_;
+  }
+  // True once an operation waits at the gate (within 10 s).
+  bool SomeoneWaits() {
+    std::unique_lock<std::mutex> lock(mu_);
+    return cv_.wait_for(lock, std::chrono::seconds(10), [&] { return waiting_ > 0; });
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::string closed_;
+  int waiting_ = 0;
+};
+
+// True when `f` finishes within 10 s (a store call that waited on the stalled disk would not).
+template <typename F>
+bool FinishesWhileDiskIsStalled(F f) {
+  auto done = std::async(std::launch::async, std::move(f));
+  return done.wait_for(std::chrono::seconds(10)) == std::future_status::ready;
+}
+
 class TieredStoreTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -43,18 +90,22 @@ class TieredStoreTest : public ::testing::Test {
     std::filesystem::remove_all(dir_);
   }
   void TearDown() override {
+    gate_.Open();  // a failed test may leave the disk stalled
     store_.reset();
     std::filesystem::remove_all(dir_);
   }
 
-  void Open(uint64_t host_blocks, uint64_t disk_blocks, bool promote = true, uint64_t lease_buffer_bytes = 0) {
+  void Open(uint64_t host_blocks, uint64_t disk_blocks, bool promote = true, uint64_t lease_buffer_bytes = 0,
+            uint64_t spill_buffer_bytes = 0) {
     store_.reset();
     auto s = BlockStore::Create({.capacity_bytes = host_blocks * kBlock,
                                  .slab_bytes = 4 * kBlock,
                                  .lease_buffer_bytes = lease_buffer_bytes,
                                  .disk_path = dir_.string(),
                                  .disk_capacity_bytes = disk_blocks * kBlock,
-                                 .promote_on_hit = promote});
+                                 .promote_on_hit = promote,
+                                 .disk_before_io_for_test = [this](const char* op) { gate_.Pass(op); },
+                                 .spill_buffer_bytes = spill_buffer_bytes});
     ASSERT_OK(s);
     store_ = std::move(s).value();
   }
@@ -90,6 +141,7 @@ class TieredStoreTest : public ::testing::Test {
   }
 
   std::filesystem::path dir_;
+  DiskGate gate_;  // declared before store_: it outlives the store's disk writer
   std::unique_ptr<BlockStore> store_;
   NamespaceRef ns_{.id = 5, .tenant_id = TenantId("acme"), .block_bytes = kBlock};
 };
@@ -419,6 +471,86 @@ TEST(DiskTierTest, ACorruptPayloadIsDataLossNotAnIoError) {
   EXPECT_EQ((*tier)->errors().read.load(), 0u);
   tier->reset();
   std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace kvtier::server
+
+namespace kvtier::server {
+namespace {
+
+// A read of a disk block waits on the disk without the store's lock: lookups and reads of host blocks,
+// and puts, go on while it is stalled, and the stalled read then gets its bytes.
+TEST_F(TieredStoreTest, HostBlocksAreServedWhileADiskReadIsStalled) {
+  Open(4, 16);
+  for (uint32_t n = 0; n < 8; ++n) Put(n);
+  store_->WaitForDiskWrites();
+  ASSERT_EQ(store_->TierOfForTest(Key(0)), Tier::kDisk);
+  gate_.Close("read");
+  auto stalled = std::async(std::launch::async, [&] { return Read(0); });
+  ASSERT_TRUE(gate_.SomeoneWaits());
+  const bool served = FinishesWhileDiskIsStalled([&] {
+    for (uint32_t n = 0; n < 8; ++n) EXPECT_TRUE(Present(n)) << n;
+    for (uint32_t n = 4; n < 8; ++n) {
+      if (store_->TierOfForTest(Key(n)) == Tier::kHost) {
+        EXPECT_EQ(Read(n), Payload(n)) << n;
+      }
+    }
+    Put(100);
+  });
+  gate_.Open();
+  EXPECT_TRUE(served) << "a lookup, read or put of host blocks waited on the stalled disk read";
+  EXPECT_EQ(stalled.get(), Payload(0));
+  EXPECT_EQ(store_->TierOfForTest(Key(0)), Tier::kHost);  // promoted once its read came back
+  EXPECT_GE(store_->stats().disk_reads.load(), 1u);
+}
+
+// Spills are written by the disk writer: puts, lookups and reads go on while its writes are stalled,
+// a block still on its way to disk is served from its copy, and once the disk catches up every block
+// is where the index says.
+TEST_F(TieredStoreTest, PutsAndReadsGoOnWhileDiskWritesAreStalled) {
+  Open(4, 64);
+  gate_.Close("write");
+  const bool served = FinishesWhileDiskIsStalled([&] {
+    for (uint32_t n = 0; n < 12; ++n) Put(n);
+    for (uint32_t n = 0; n < 12; ++n) EXPECT_TRUE(Present(n)) << n;
+  });
+  if (!served) gate_.Open();
+  ASSERT_TRUE(served) << "a put or lookup waited on the stalled disk write";
+  EXPECT_TRUE(gate_.SomeoneWaits());
+  EXPECT_GT(store_->stats().disk_spill_queue_bytes.load(), 0u);
+  ASSERT_EQ(store_->TierOfForTest(Key(1)), Tier::kDisk);
+  const bool read = FinishesWhileDiskIsStalled([&] { EXPECT_EQ(Read(1), Payload(1)); });  // from its copy
+  gate_.Open();
+  EXPECT_TRUE(read) << "a read of a block on its way to disk waited on the disk";
+  store_->WaitForDiskWrites();
+  EXPECT_EQ(store_->stats().disk_spill_queue_bytes.load(), 0u);
+  EXPECT_EQ(store_->stats().disk_errors.load(), 0u);
+  for (uint32_t n = 0; n < 12; ++n) EXPECT_EQ(Read(n), Payload(n)) << n;
+  // Restarted, the disk holds what the index held.
+  const uint64_t on_disk = store_->stats().disk_blocks.load();
+  Open(4, 64);
+  EXPECT_EQ(store_->stats().recovered_blocks.load(), on_disk);
+}
+
+// Copies waiting for the disk writer are bounded (spill_buffer_bytes): past the bound a host eviction
+// drops its block, counted, rather than hold more memory.
+TEST_F(TieredStoreTest, SpillsPastTheSpillBufferBoundAreDropped) {
+  Open(2, 64, /*promote=*/true, /*lease_buffer_bytes=*/0, /*spill_buffer_bytes=*/2 * kBlock);
+  gate_.Close("write");
+  const bool served = FinishesWhileDiskIsStalled([&] {
+    for (uint32_t n = 0; n < 10; ++n) Put(n);
+  });
+  if (!served) gate_.Open();
+  ASSERT_TRUE(served);
+  EXPECT_LE(store_->stats().disk_spill_queue_bytes.load(), 2 * kBlock);
+  EXPECT_EQ(store_->stats().disk_spill_dropped_busy.load(), 6u);  // 8 evictions, 2 copies fit
+  gate_.Open();
+  store_->WaitForDiskWrites();
+  EXPECT_EQ(store_->stats().disk_blocks.load(), 2u);
+  EXPECT_EQ(Read(0), Payload(0));
+  EXPECT_EQ(Read(1), Payload(1));
+  EXPECT_TRUE(Read(5).empty());
 }
 
 }  // namespace

@@ -3,7 +3,9 @@
 #define KVTIER_SERVER_BLOCK_STORE_H_
 
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -11,6 +13,7 @@
 #include <queue>
 #include <span>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -72,6 +75,16 @@ struct BlockStoreOptions {
   // Write buffers older than this are flushed by ProbeDisk() (spills skip the WAL; see DiskTierOptions).
   absl::Duration disk_flush_interval = absl::Seconds(5);
   bool promote_on_hit = true;  // a read of a disk block moves it back to host memory
+  // For tests of a stalled disk: DiskTierOptions::before_io_for_test (called before each disk read,
+  // write and delete with "read", "write" or "delete"; it may block). Null: none.
+  std::function<void(const char* op)> disk_before_io_for_test;
+  // The most bytes of host blocks on their way to disk: a host eviction copies the block out of its slot
+  // (freeing the slot at once) and the store's disk writer thread writes the copy to RocksDB without the
+  // store's lock. An eviction that would take the copies past this drops the block instead (counted in
+  // stats().disk_spill_dropped_busy): the disk is slower than the puts. So the server's block memory is
+  // at most capacity_bytes + lease_buffer_bytes + this. 0: max(capacity_bytes / 8, 64 MiB, one largest
+  // block).
+  uint64_t spill_buffer_bytes = 0;
   // HBM tier above host memory: its device memory (shared so a transport may keep it alive); null = no
   // HBM tier. Slots are carved from it by slab_bytes, like the host tier's.
   std::shared_ptr<DeviceTierMemory> hbm_memory;
@@ -145,26 +158,29 @@ struct BlockStoreStats {
   std::atomic<uint64_t> checksum_failures{0};
   std::atomic<uint64_t> expired_reservations{0};
   std::atomic<uint64_t> expired_leases{0};
-  std::atomic<uint64_t> active_leases{0};           // gauge
-  std::atomic<uint64_t> active_reservations{0};     // gauge
-  std::atomic<uint64_t> stored_blocks{0};           // gauge: committed blocks in host memory
-  std::atomic<uint64_t> stored_bytes{0};            // gauge: slot bytes of committed and reserved blocks
-  std::atomic<uint64_t> disk_blocks{0};             // gauge: blocks on disk
-  std::atomic<uint64_t> disk_bytes{0};              // gauge: logical bytes on disk
-  std::atomic<uint64_t> demotions{0};               // host -> disk
-  std::atomic<uint64_t> promotions{0};              // disk -> host
-  std::atomic<uint64_t> disk_evictions{0};          // dropped from disk
-  std::atomic<uint64_t> disk_checksum_failures{0};  // disk reads whose bytes failed: dropped, never served
-  std::atomic<uint64_t> disk_errors{0};             // disk I/O errors (the block is dropped or not demoted)
-  std::atomic<uint64_t> disk_spill_refused{0};      // host evictions dropped: the disk tier was not writable
-  std::atomic<uint64_t> recovered_blocks{0};        // found on disk at start
-  std::atomic<uint64_t> slab_moves{0};              // slabs emptied and returned to the pool (any size)
-  std::atomic<uint64_t> defrag_moved_blocks{0};     // blocks moved between slots by Defragment()
-  std::atomic<uint64_t> hbm_blocks{0};              // gauge: committed blocks in the HBM tier
-  std::atomic<uint64_t> hbm_bytes{0};               // gauge: slot bytes of the HBM tier in use
-  std::atomic<uint64_t> hbm_promotions{0};          // host -> HBM
-  std::atomic<uint64_t> hbm_demotions{0};           // HBM -> host
-  std::atomic<uint64_t> hbm_errors{0};              // device copies that failed (the block is dropped or not moved)
+  std::atomic<uint64_t> active_leases{0};            // gauge
+  std::atomic<uint64_t> active_reservations{0};      // gauge
+  std::atomic<uint64_t> stored_blocks{0};            // gauge: committed blocks in host memory
+  std::atomic<uint64_t> stored_bytes{0};             // gauge: slot bytes of committed and reserved blocks
+  std::atomic<uint64_t> disk_blocks{0};              // gauge: blocks on disk
+  std::atomic<uint64_t> disk_bytes{0};               // gauge: logical bytes on disk
+  std::atomic<uint64_t> demotions{0};                // host -> disk
+  std::atomic<uint64_t> promotions{0};               // disk -> host
+  std::atomic<uint64_t> disk_evictions{0};           // dropped from disk
+  std::atomic<uint64_t> disk_checksum_failures{0};   // disk reads whose bytes failed: dropped, never served
+  std::atomic<uint64_t> disk_errors{0};              // disk I/O errors (the block is dropped or not demoted)
+  std::atomic<uint64_t> disk_spill_refused{0};       // host evictions dropped: the disk tier was not writable
+  std::atomic<uint64_t> disk_spill_dropped_busy{0};  // host evictions dropped: spill buffers at their bound
+  std::atomic<uint64_t> disk_spill_queue_bytes{0};   // gauge: bytes of blocks waiting for the disk writer
+  std::atomic<uint64_t> disk_reads{0};               // disk blocks read (without the store's lock)
+  std::atomic<uint64_t> recovered_blocks{0};         // found on disk at start
+  std::atomic<uint64_t> slab_moves{0};               // slabs emptied and returned to the pool (any size)
+  std::atomic<uint64_t> defrag_moved_blocks{0};      // blocks moved between slots by Defragment()
+  std::atomic<uint64_t> hbm_blocks{0};               // gauge: committed blocks in the HBM tier
+  std::atomic<uint64_t> hbm_bytes{0};                // gauge: slot bytes of the HBM tier in use
+  std::atomic<uint64_t> hbm_promotions{0};           // host -> HBM
+  std::atomic<uint64_t> hbm_demotions{0};            // HBM -> host
+  std::atomic<uint64_t> hbm_errors{0};               // device copies that failed (the block is dropped or not moved)
 };
 
 // The disk tier as an operator sees it (BlockStore::disk_status()).
@@ -197,16 +213,19 @@ struct ReadBlockInfo {
 // promote_on_hit, moves it back to host memory. Every move between tiers verifies the checksum of the
 // bytes that arrived; a read served from HBM copies the block to host memory for the lease and verifies
 // it there. Disk blocks survive a restart (recovered in Create).
-// Disk I/O currently runs under the store's lock. A disk tier that is full or failing (DiskTierStatus) never fails the
-// store: host evictions then drop instead of spilling, reads of disk blocks that cannot be read are misses, and
-// ProbeDisk() brings the tier back. A block becomes visible only after Commit verified its checksum; a
-// leased block is never evicted or reused; a reservation that is not committed within reservation_ttl returns its
-// slots. Capacity: slots come from a SlabAllocator of capacity_bytes, so usage never exceeds it; when no unleased block
-// can be evicted, Allocate reports kNoSpace for that key (a rejection). Payload copies (Write, CopyOut) and checksums
-// run outside the lock; the slot is pinned meanwhile, so expiry never frees memory under a copy. Lease and
-// reservation ids are CapabilityId::Random() (128 bits from a CSPRNG), never sequential and never reused, and
-// are bound to the tenant of the blocks they name (IdHolder). Thread-safety: all public methods may be called
-// concurrently.
+// Disk I/O never runs under the store's lock: a block on its way to disk is copied out of its host slot
+// and written by the store's disk writer thread (one thread, so disk writes and deletes run in the order
+// they were decided; reads of a block still on its way are served from that copy), and a read of a disk
+// block pins the block, releases the lock for the read, and takes it again to move the block up. A disk tier that is
+// full or failing (DiskTierStatus) never fails the store: host evictions then drop instead of spilling, reads of disk
+// blocks that cannot be read are misses, and ProbeDisk() brings the tier back. A block becomes visible only after
+// Commit verified its checksum; a leased block is never evicted or reused; a reservation that is not committed within
+// reservation_ttl returns its slots. Capacity: slots come from a SlabAllocator of capacity_bytes, so usage never
+// exceeds it; when no unleased block can be evicted, Allocate reports kNoSpace for that key (a rejection). Payload
+// copies (Write, CopyOut) and checksums run outside the lock; the slot is pinned meanwhile, so expiry never frees
+// memory under a copy. Lease and reservation ids are CapabilityId::Random() (128 bits from a CSPRNG), never sequential
+// and never reused, and are bound to the tenant of the blocks they name (IdHolder). Thread-safety: all public methods
+// may be called concurrently.
 class BlockStore {
  public:
   // Errors: InvalidArgument (bad options), ResourceExhausted (region could not be reserved).
@@ -372,6 +391,11 @@ class BlockStore {
   // Expires reservations and leases past their deadline (every other call also does so lazily).
   void ExpireNow();
 
+  // Returns once every disk write and delete decided before the call has run (the disk writer's queue
+  // is empty). For tests, and for callers that want the disk to hold what the index says (a restart).
+  // No-op without a disk tier. Thread-safe; never call it while holding a lock the store takes.
+  void WaitForDiskWrites();
+
   // ---- Administration (kvtierctl ls / inspect / evict / verify / drain) ----
 
   // One committed block as an operator sees it.
@@ -482,6 +506,9 @@ class BlockStore {
     uint32_t access_count = 0;
     uint32_t depth = 0;
     std::shared_ptr<const BlockMeta> block_meta;  // null: put without engine metadata
+    // tier == kDisk only: the block's bytes while the disk writer has not yet written them (then reads
+    // are served from here); null once written.
+    std::shared_ptr<const std::vector<std::byte>> in_transit;
     State state = State::kFree;
     Tier tier = Tier::kHost;
     int64_t inserted_ns = 0;
@@ -489,8 +516,9 @@ class BlockStore {
   };
   struct Lease {
     std::vector<EntryHandle> entries;  // per key index; kNoEntry when absent
-    // Per key index: bytes read from disk for this lease (when not promoted); empty otherwise.
-    std::vector<std::vector<std::byte>> owned;
+    // Per key index: bytes read from disk (when not promoted) or copied from HBM for this lease; null
+    // otherwise. Never changed while the lease lives.
+    std::vector<std::shared_ptr<const std::vector<std::byte>>> owned;
     uint64_t owned_bytes = 0;  // sum of owned's sizes, counted in lease_buffer_used_
     absl::Time expiry;
     uint64_t tenant_id = 0;  // of its blocks: the tenant that took it
@@ -522,14 +550,36 @@ class BlockStore {
   bool MakeDiskRoomLocked(uint64_t bytes);
   // Counts a failed disk delete as a disk error, unless the tier only could not write at the time.
   void CountDiskDelete(const absl::Status& s);
-  // What LoadFromDiskLocked did.
-  enum class DiskLoad : uint8_t { kLoaded, kNoBuffer, kFailed };
   // The lease buffer bound in force (BlockStoreOptions::lease_buffer_bytes, or its default).
   uint64_t LeaseBufferBoundLocked() const;
-  // Reads a disk block into host memory (promote) or into `owned`; with `owned` null and no host slot,
-  // kNoBuffer (nothing read). kFailed: unreadable or a failed checksum. False (and the entry dropped when
-  // its bytes are bad) on failure.
-  DiskLoad LoadFromDiskLocked(EntryHandle h, std::vector<std::byte>* owned);
+  // The spill buffer bound in force (BlockStoreOptions::spill_buffer_bytes, or its default).
+  uint64_t SpillBufferBound() const;
+  // The disk tier's record of entry `e` (what a write stores and a read checks against).
+  static DiskBlockMeta DiskMetaOf(const Entry& e);
+  // Brings the disk blocks among `leased` (entries the caller pinned, one per key) into host memory or
+  // into buffers of their own, reading them with `lock` (held on mu_ on entry and on return) released
+  // meanwhile. A block moves up to host memory when promote_on_hit and its tenant's pinned bound allow
+  // it and a slot can be made free; else, when `owned` (sized like `leased`) is given and the lease
+  // buffers have room, its bytes go to (*owned)[i] (added to lease_buffer_used_ and *owned_bytes); else it
+  // is unpinned and leased[i] becomes kNoEntry (counted in *refused_buffer when `owned` was given). A
+  // block that cannot be read, or fails its checksum, is unpinned, dropped when unleased, never served.
+  void LoadDiskBlocks(std::unique_lock<std::mutex>& lock, std::vector<EntryHandle>& leased,
+                      std::vector<std::shared_ptr<const std::vector<std::byte>>>* owned, uint64_t* owned_bytes,
+                      uint32_t* refused_buffer);
+  // Moves disk entry `h` (its bytes now at `slot` of host memory, verified) up to host memory; the disk
+  // copy is deleted by the disk writer.
+  void SwitchDiskToHostLocked(EntryHandle h, SlotRef slot);
+
+  // ---- The disk writer: one thread running disk writes and deletes in the order they were queued ----
+  struct DiskOp {
+    BlockKey key;
+    std::shared_ptr<const std::vector<std::byte>> bytes;  // a write of these bytes; null: a delete
+    std::shared_ptr<const DiskBlockMeta> meta;            // a write's record
+  };
+  void EnqueueDiskDeleteLocked(const BlockKey& key);
+  void DiskWriterLoop();
+  // Runs one queued write (without mu_), then records its outcome on the entry under mu_.
+  void RunDiskWrite(const DiskOp& op);
   absl::Status RecoverDiskLocked();
   // Indexes a block found on disk (committed, in the disk tier, counted) and returns its entry.
   EntryHandle IndexDiskRecordLocked(const BlockKey& key, const DiskBlockMeta& meta);
@@ -628,6 +678,16 @@ class BlockStore {
   BlockEventSink* sink_ = nullptr;                               // guarded by mu_; not owned
   bool sink_muted_ = false;                                      // guarded by mu_; Evict of everything
   std::atomic<bool> draining_{false};
+  uint64_t spill_bytes_ = 0;  // guarded by mu_: bytes of every Entry::in_transit the writer has not finished
+
+  // Lock order: mu_ before disk_queue_mu_; the writer holds neither while it does disk I/O.
+  std::mutex disk_queue_mu_;
+  std::condition_variable disk_queue_cv_;  // the writer waits for work on it
+  std::condition_variable disk_idle_cv_;   // WaitForDiskWrites waits on it
+  std::deque<DiskOp> disk_queue_;          // guarded by disk_queue_mu_
+  bool disk_writer_busy_ = false;          // guarded by disk_queue_mu_: an op taken off the queue is running
+  bool disk_writer_stop_ = false;          // guarded by disk_queue_mu_
+  std::thread disk_writer_;                // runs DiskWriterLoop while there is a disk tier
 };
 
 }  // namespace kvtier::server
