@@ -418,6 +418,7 @@ void BlockStore::RunDiskWrite(const DiskOp& op) {
   auto done = [&] {  // needs mu_
     spill_bytes_ -= std::min(spill_bytes_, size);
     stats_.disk_spill_queue_bytes.store(spill_bytes_, std::memory_order_relaxed);
+    spill_done_cv_.notify_all();
   };
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -1054,7 +1055,15 @@ absl::StatusOr<BlockStore::AllocateResult> BlockStore::Allocate(const NamespaceR
   result.outcomes.resize(keys.size(), AllocateOutcome::kNoSpace);
   result.ttl = options_.reservation_ttl;
   const uint64_t slot_bytes = allocator_->SlotBytes(ns.block_bytes);
-  std::lock_guard<std::mutex> lock(mu_);
+  std::unique_lock<std::mutex> lock(mu_);
+  if (disk_ != nullptr && spill_bytes_ > 0 && allocator_->capacity_bytes() - allocator_->used_bytes() < keys.size() * slot_bytes) {
+    // The blocks this put evicts will spill: when the disk writer is behind, wait a little for it
+    // (the lock released) rather than drop them. Past kSpillWait they are dropped
+    // (disk_spill_dropped_busy).
+    const uint64_t bound = SpillBufferBound();
+    const uint64_t want = std::min<uint64_t>(keys.size() * ns.block_bytes, bound / 2);
+    spill_done_cv_.wait_for(lock, kSpillWait, [&] { return spill_bytes_ + want <= bound; });
+  }
   const absl::Time now = clock_->Now();
   ExpireLocked(now);
   Reservation r;

@@ -248,6 +248,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
                                    .disk_info_log_dir = options.disk_info_log_dir,
                                    .disk_flush_interval = options.disk_flush_interval,
                                    .promote_on_hit = options.promote_on_hit,
+                                   .spill_buffer_bytes = options.disk_spill_buffer_bytes,
                                    .hbm_memory = hbm,
                                    .hbm_promote_on_hit = options.hbm_promote_on_hit,
                                    .tenant_quota_bytes = std::move(quotas)});

@@ -179,6 +179,20 @@ class StoreCollectable final : public prometheus::Collectable {
                             MetricType::Counter);
       Add(refused, v(s.disk_spill_refused));
       out.push_back(std::move(refused));
+      auto busy = Family("kvtier_disk_spill_dropped_busy_total",
+                         "Host evictions dropped instead of spilled because the blocks waiting for the disk "
+                         "writer were at their bound (disk_tier.spill_buffer_bytes).",
+                         MetricType::Counter);
+      Add(busy, v(s.disk_spill_dropped_busy));
+      out.push_back(std::move(busy));
+      auto queued = Family("kvtier_disk_spill_queue_bytes", "Bytes of evicted blocks waiting for the disk writer.",
+                           MetricType::Gauge);
+      Add(queued, v(s.disk_spill_queue_bytes));
+      out.push_back(std::move(queued));
+      auto reads = Family("kvtier_disk_reads_total", "Disk blocks read (without the store's lock).",
+                          MetricType::Counter);
+      Add(reads, v(s.disk_reads));
+      out.push_back(std::move(reads));
       auto free = Family("kvtier_disk_volume_free_bytes", "Free bytes of the disk tier's volume at the last check.",
                          MetricType::Gauge);
       Add(free, static_cast<double>(st.free_bytes));

@@ -3,6 +3,7 @@
 #define KVTIER_SERVER_BLOCK_STORE_H_
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -83,7 +84,8 @@ struct BlockStoreOptions {
   // store's lock. An eviction that would take the copies past this drops the block instead (counted in
   // stats().disk_spill_dropped_busy): the disk is slower than the puts. So the server's block memory is
   // at most capacity_bytes + lease_buffer_bytes + this. 0: max(capacity_bytes / 8, 64 MiB, one largest
-  // block).
+  // block). An Allocate whose evictions would spill past it first waits (at most 500 ms, the store's
+  // lock released) for the writer to catch up.
   uint64_t spill_buffer_bytes = 0;
   // HBM tier above host memory: its device memory (shared so a transport may keep it alive); null = no
   // HBM tier. Slots are carved from it by slab_bytes, like the host tier's.
@@ -679,6 +681,10 @@ class BlockStore {
   bool sink_muted_ = false;                                      // guarded by mu_; Evict of everything
   std::atomic<bool> draining_{false};
   uint64_t spill_bytes_ = 0;  // guarded by mu_: bytes of every Entry::in_transit the writer has not finished
+  // Allocate waits on it (with mu_) while the disk writer is behind; the writer notifies it as it
+  // finishes a write. Allocate waits at most kSpillWait.
+  std::condition_variable spill_done_cv_;
+  static constexpr std::chrono::milliseconds kSpillWait{500};
 
   // Lock order: mu_ before disk_queue_mu_; the writer holds neither while it does disk I/O.
   std::mutex disk_queue_mu_;

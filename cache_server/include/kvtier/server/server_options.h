@@ -42,6 +42,9 @@ struct ServerOptions {
   std::string disk_path;                                // RocksDB directory of the disk tier; empty = none
   uint64_t disk_capacity_bytes = 0;                     // budget on logical bytes on disk (docs/config.md)
   bool promote_on_hit = true;                           // a hit on disk moves the block back to host memory
+  // The most bytes of blocks waiting for the disk writer (BlockStoreOptions::spill_buffer_bytes); 0 =
+  // max(host capacity / 8, 64 MiB, one largest block).
+  uint64_t disk_spill_buffer_bytes = 0;
   // The disk tier stops spilling while its volume has less free than this, and resumes at 1.5x it;
   // 0 = max(4 x RocksDB's write buffer, min(volume / 8, 1 GiB)) (docs/config.md, "The disk budget").
   uint64_t disk_min_free_bytes = 0;
