@@ -1,0 +1,316 @@
+// Leases, reservations' ids, pins and the tenants' pinned-bytes bounds of BlockStore, and the pins
+// of the zero-copy transports.
+#include "kvtier/server/block_store.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "kvtier/common/checksum.h"
+#include "kvtier/common/log.h"
+#include "kvtier/common/status_macros.h"
+#include "storage/disk_tier.h"
+
+namespace kvtier::server {
+
+absl::Status UnknownLeaseError() { return absl::FailedPreconditionError("unknown or expired lease"); }
+absl::Status UnknownReservationError() { return absl::FailedPreconditionError("unknown or expired reservation"); }
+
+BlockStore::Lease* BlockStore::FindLeaseLocked(const CapabilityId& id, IdHolder holder) {
+  auto it = leases_.find(id);
+  if (it == leases_.end() || it->second.dead) return nullptr;
+  if (holder.has_value() && *holder != it->second.tenant_id) return nullptr;  // answered as unknown
+  return &it->second;
+}
+
+BlockStore::Reservation* BlockStore::FindReservationLocked(const CapabilityId& id, IdHolder holder) {
+  auto it = reservations_.find(id);
+  if (it == reservations_.end() || it->second.dead) return nullptr;
+  if (holder.has_value() && *holder != it->second.tenant_id) return nullptr;  // answered as unknown
+  return &it->second;
+}
+
+void BlockStore::EraseReservationLocked(absl::flat_hash_map<CapabilityId, Reservation>::iterator it) {
+  reservation_tag_prefixes_.erase(it->first.tag_prefix());
+  reservations_.erase(it);
+}
+
+CapabilityId BlockStore::NewLeaseLocked(std::vector<EntryHandle> entries, absl::Duration ttl, bool counted) {
+  CapabilityId id = CapabilityId::Random();
+  while (leases_.contains(id)) id = CapabilityId::Random();  // 2^-128 per live lease: never in practice
+  uint64_t tenant_id = 0;
+  for (EntryHandle h : entries) {
+    if (h != kNoEntry) {
+      tenant_id = entries_[h].tenant_id;  // one namespace per lease, so one tenant
+      break;
+    }
+  }
+  if (!counted) {
+    for (EntryHandle h : entries) {
+      if (h != kNoEntry) PinEntryLocked(h);
+    }
+  }
+  const absl::Time expiry = clock_->Now() + ttl;
+  leases_.emplace(id, Lease{.entries = std::move(entries), .expiry = expiry, .tenant_id = tenant_id});
+  lease_deadlines_.emplace(expiry, id);
+  stats_.active_leases.fetch_add(1, std::memory_order_relaxed);
+  return id;
+}
+
+void BlockStore::EndLeaseLocked(const CapabilityId& lease_id, Lease& lease) {
+  if (lease.pins > 0) {  // a copy is in flight: the last unpin ends it
+    lease.dead = true;
+    return;
+  }
+  for (EntryHandle h : lease.entries) {
+    if (h != kNoEntry) UnpinEntryLocked(h);
+  }
+  lease_buffer_used_ -= std::min(lease_buffer_used_, lease.owned_bytes);
+  stats_.lease_buffer_bytes.store(lease_buffer_used_, std::memory_order_relaxed);
+  stats_.active_leases.fetch_sub(1, std::memory_order_relaxed);
+  leases_.erase(lease_id);
+}
+
+void BlockStore::EndReservationLocked(Reservation& r) {
+  for (EntryHandle h : r.entries) {
+    if (h != kNoEntry && entries_[h].state == State::kReserved) EraseEntryLocked(h);
+  }
+  stats_.active_reservations.fetch_sub(1, std::memory_order_relaxed);
+}
+
+void BlockStore::ExpireLocked(absl::Time now) {
+  while (!lease_deadlines_.empty() && lease_deadlines_.top().first <= now) {
+    const CapabilityId id = lease_deadlines_.top().second;
+    lease_deadlines_.pop();
+    auto it = leases_.find(id);
+    if (it == leases_.end() || it->second.dead) continue;
+    stats_.expired_leases.fetch_add(1, std::memory_order_relaxed);
+    EndLeaseLocked(id, it->second);
+  }
+  while (!reservation_deadlines_.empty() && reservation_deadlines_.top().first <= now) {
+    const CapabilityId id = reservation_deadlines_.top().second;
+    reservation_deadlines_.pop();
+    auto it = reservations_.find(id);
+    if (it == reservations_.end() || it->second.dead) continue;
+    stats_.expired_reservations.fetch_add(1, std::memory_order_relaxed);
+    if (it->second.pins > 0) {
+      it->second.dead = true;  // freed when the in-flight write unpins
+      continue;
+    }
+    EndReservationLocked(it->second);
+    EraseReservationLocked(it);
+  }
+}
+
+void BlockStore::ExpireNow() {
+  std::lock_guard<std::mutex> lock(mu_);
+  ExpireLocked(clock_->Now());
+}
+
+std::vector<EntryHandle> BlockStore::PinCommittedLocked(const NamespaceRef& ns, std::span<const BlockKey> keys,
+                                                        uint32_t* refused_pinned) {
+  std::vector<EntryHandle> pinned(keys.size(), kNoEntry);
+  for (size_t i = 0; i < keys.size(); ++i) {
+    auto it = index_.find(keys[i]);
+    if (it == index_.end()) continue;
+    const Entry& e = entries_[it->second];
+    if (e.state != State::kCommitted || e.namespace_id != ns.id || e.tenant_id != ns.tenant_id) continue;
+    if (!MayPinLocked(it->second)) {
+      ++*refused_pinned;
+      continue;
+    }
+    pinned[i] = it->second;
+    PinEntryLocked(it->second);
+  }
+  stats_.lease_refusals_pinned.fetch_add(*refused_pinned, std::memory_order_relaxed);
+  return pinned;
+}
+
+void BlockStore::AddPinnedLocked(const Entry& e, bool add) {
+  if (add) {
+    tenant_pinned_bytes_[e.tenant_id] += e.size_bytes;
+    return;
+  }
+  if (auto t = tenant_pinned_bytes_.find(e.tenant_id); t != tenant_pinned_bytes_.end()) {
+    t->second -= std::min(t->second, e.size_bytes);
+    if (t->second == 0) tenant_pinned_bytes_.erase(t);
+  }
+}
+
+void BlockStore::PinEntryLocked(EntryHandle h) {
+  Entry& e = entries_[h];
+  if (e.lease_count++ == 0 && e.tier == Tier::kHost) AddPinnedLocked(e, true);
+}
+
+uint32_t BlockStore::UnpinEntryLocked(EntryHandle h) {
+  Entry& e = entries_[h];
+  if (--e.lease_count == 0 && e.tier == Tier::kHost) AddPinnedLocked(e, false);
+  return e.lease_count;
+}
+
+void BlockStore::SetTierLocked(EntryHandle h, Tier tier) {
+  Entry& e = entries_[h];
+  if (e.lease_count > 0 && (e.tier == Tier::kHost) != (tier == Tier::kHost)) AddPinnedLocked(e, tier == Tier::kHost);
+  e.tier = tier;
+}
+
+bool BlockStore::BoundAppliesLocked(uint64_t tenant_id) const {
+  // Another tenant holds blocks here, or was refused space lately: leases are what may keep it out.
+  const bool others_hold =
+      tenant_bytes_.size() > 1 || (tenant_bytes_.size() == 1 && !tenant_bytes_.contains(tenant_id));
+  return others_hold || (refused_tenant_ != tenant_id && clock_->Now() < refused_until_);
+}
+
+bool BlockStore::MayPinInHostLocked(const Entry& e, bool adds_bytes) const {
+  if (!BoundAppliesLocked(e.tenant_id)) return true;
+  const auto t = tenant_pinned_bytes_.find(e.tenant_id);
+  const uint64_t pinned = t == tenant_pinned_bytes_.end() ? 0 : t->second;
+  const uint64_t bound = TenantPinnedBoundLocked(e.tenant_id);
+  // A tenant over its bound (it pinned the tier while it was alone) takes no lease at all, not even on
+  // what it holds, until its leases expire and bring it back under the bound.
+  if (!adds_bytes) return pinned <= bound;
+  // A tenant with nothing pinned may always lease one block: a bound below a block never stops reads.
+  return pinned == 0 || pinned + e.size_bytes <= bound;
+}
+
+bool BlockStore::MayPinLocked(EntryHandle h) const {
+  const Entry& e = entries_[h];
+  // A disk or HBM block pins no host slot (a disk block read for a lease moves up only within the
+  // bound, LoadDiskBlocks).
+  if (e.tier != Tier::kHost) return true;
+  return MayPinInHostLocked(e, /*adds_bytes=*/e.lease_count == 0);
+}
+
+uint64_t BlockStore::TenantPinnedBoundLocked(uint64_t tenant_id) const {
+  uint64_t bound = static_cast<uint64_t>(options_.tenant_pinned_share * static_cast<double>(options_.capacity_bytes));
+  if (const auto q = options_.tenant_quota_bytes.find(tenant_id); q != options_.tenant_quota_bytes.end()) {
+    bound = std::min(bound, q->second);
+  }
+  return bound;
+}
+
+uint64_t BlockStore::TenantPinnedBytes(uint64_t tenant_id) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  const auto t = tenant_pinned_bytes_.find(tenant_id);
+  return t == tenant_pinned_bytes_.end() ? 0 : t->second;
+}
+
+uint64_t BlockStore::TenantPinnedBound(uint64_t tenant_id) const { return TenantPinnedBoundLocked(tenant_id); }
+
+uint32_t BlockStore::Release(std::span<const CapabilityId> lease_ids, IdHolder holder) {
+  uint32_t released = 0;
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const CapabilityId& id : lease_ids) {
+    Lease* lease = FindLeaseLocked(id, holder);
+    if (lease == nullptr) continue;
+    ++released;
+    EndLeaseLocked(id, *lease);
+  }
+  ExpireLocked(clock_->Now());
+  return released;
+}
+
+std::optional<uint64_t> BlockStore::ReservationTenant(const CapabilityId& reservation_id) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = reservations_.find(reservation_id);
+  if (it == reservations_.end() || it->second.dead) return std::nullopt;
+  return it->second.tenant_id;
+}
+
+std::optional<uint64_t> BlockStore::LeaseTenant(const CapabilityId& lease_id) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = leases_.find(lease_id);
+  if (it == leases_.end() || it->second.dead) return std::nullopt;
+  return it->second.tenant_id;
+}
+
+bool BlockStore::PutTagFreeFor(const CapabilityId& reservation_id) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = reservation_tag_prefixes_.find(reservation_id.tag_prefix());
+  return it == reservation_tag_prefixes_.end() || it->second == reservation_id;
+}
+
+uint64_t BlockStore::TenantBytes(uint64_t tenant_id) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = tenant_bytes_.find(tenant_id);
+  return it == tenant_bytes_.end() ? 0 : it->second;
+}
+
+absl::StatusOr<BlockStore::PinnedBlock> BlockStore::PinForSend(const CapabilityId& lease_id, uint32_t index,
+                                                               IdHolder holder) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ExpireLocked(clock_->Now());
+  Lease* found = FindLeaseLocked(lease_id, holder);
+  if (found == nullptr) return UnknownLeaseError();
+  Lease& lease = *found;
+  if (index >= lease.entries.size() || lease.entries[index] == kNoEntry) {
+    return absl::InvalidArgumentError(absl::StrCat("block ", index, " is not held by the lease"));
+  }
+  const Entry& e = entries_[lease.entries[index]];
+  PinnedBlock pinned{.size_bytes = e.size_bytes, .expires_in = lease.expiry - clock_->Now()};
+  if (index < lease.owned.size() && lease.owned[index] != nullptr) {
+    // Read from disk or copied from HBM for this lease; a send only reads it.
+    pinned.data = const_cast<std::byte*>(lease.owned[index]->data());
+  } else if (e.tier == Tier::kHost) {
+    pinned.data = allocator_->Data(e.slot);
+  } else {
+    // A lease taken by Lookup holds a disk or HBM block without a host copy: there are no bytes to send.
+    return absl::FailedPreconditionError(
+        absl::StrCat("block ", index, " is in the ", TierName(e.tier), " tier; read it with a read lease"));
+  }
+  ++lease.pins;
+  return pinned;
+}
+
+void BlockStore::Unpin(const CapabilityId& lease_id, uint32_t /*index*/) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = leases_.find(lease_id);
+  if (it == leases_.end() || it->second.pins == 0) return;  // not pinned: a caller bug, ignored
+  Lease& lease = it->second;
+  if (--lease.pins == 0 && lease.dead) {
+    lease.dead = false;
+    EndLeaseLocked(lease_id, lease);
+  }
+}
+
+absl::StatusOr<BlockStore::PinnedBlock> BlockStore::PinForReceive(const CapabilityId& reservation_id, uint32_t index,
+                                                                  IdHolder holder) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ExpireLocked(clock_->Now());
+  Reservation* found = FindReservationLocked(reservation_id, holder);
+  if (found == nullptr) return UnknownReservationError();
+  Reservation& r = *found;
+  if (index >= r.entries.size() || r.entries[index] == kNoEntry) {
+    return absl::InvalidArgumentError(absl::StrCat("block ", index, " was not allocated in the reservation"));
+  }
+  if (r.receiving[index] != 0 || r.written[index] != 0) {
+    return absl::FailedPreconditionError(absl::StrCat("block ", index, " is already being received or written"));
+  }
+  const Entry& e = entries_[r.entries[index]];
+  r.receiving[index] = 1;
+  ++r.pins;
+  return PinnedBlock{
+      .data = allocator_->Data(e.slot), .size_bytes = e.size_bytes, .expires_in = r.expiry - clock_->Now()};
+}
+
+void BlockStore::FinishReceive(const CapabilityId& reservation_id, uint32_t index, uint64_t bytes, bool ok,
+                               std::optional<uint64_t> checksum) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = reservations_.find(reservation_id);
+  if (it == reservations_.end()) return;
+  Reservation& r = it->second;
+  if (index >= r.entries.size() || r.receiving[index] == 0 || r.pins == 0) return;  // not pinned: ignored
+  r.receiving[index] = 0;
+  if (ok && r.entries[index] != kNoEntry && bytes == entries_[r.entries[index]].size_bytes) {
+    r.written[index] = bytes;
+    r.received_checksum[index] = checksum;
+  }
+  if (--r.pins == 0 && r.dead) {
+    EndReservationLocked(r);
+    EraseReservationLocked(it);
+  }
+}
+
+}  // namespace kvtier::server
