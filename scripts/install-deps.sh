@@ -15,7 +15,7 @@ BUILD_PACKAGES=(
   build-essential cmake ninja-build pkg-config
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev librocksdb-dev libucx-dev
-  libyaml-cpp-dev libspdlog-dev libxxhash-dev libssl-dev prometheus-cpp-dev libcli11-dev nlohmann-json3-dev
+  libyaml-cpp-dev libspdlog-dev libxxhash-dev libssl-dev prometheus-cpp-dev libcivetweb-dev libcli11-dev nlohmann-json3-dev
   libc-ares-dev  # DNS membership (client_lib); also a gRPC dependency
   libzmq3-dev  # KV events (docs/events.md)
 )
