@@ -32,7 +32,7 @@ TEST_PACKAGES=(
   # npm install kubernetes-models to validate deploy/k8s.
   prometheus
   dnsmasq-base  # DNS membership tests (dns_membership_test.cc, tests/python/*_suite.py): a DNS server on a high port
-  python3-msgpack python3-zmq  # tests/python/test_vllm_events.py: reads the vLLM-format event stream
+  python3-msgpack python3-zmq  # test_vllm_events.py, examples/router: read the vLLM-format event stream
   openssl  # the security tests (tests/integration/security, tests/python/*_suite.py) make certificates with its CLI
 )
 # nodejs from NodeSource ships npm itself and conflicts with Debian's npm.
