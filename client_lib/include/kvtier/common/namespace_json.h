@@ -1,5 +1,6 @@
 // A Namespace from JSON: what `kvtierctl drain --namespaces-file`, `kvtierctl query` and the servers'
-// /query endpoint (docs/query.md) read.
+// /query endpoint (docs/query.md) read. Includes nlohmann/json.hpp (header-only; Debian's
+// nlohmann-json3-dev), which no other kvtier header needs.
 #ifndef KVTIER_COMMON_NAMESPACE_JSON_H_
 #define KVTIER_COMMON_NAMESPACE_JSON_H_
 
