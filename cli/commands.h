@@ -63,6 +63,18 @@ struct LookupOptions {
 };
 int RunLookup(const CtlOptions& options, const LookupOptions& lookup);
 
+// query: each member's /query (by token ids) or /query_by_hash (by engine block hashes) answer, and the
+// answers merged per node (docs/query.md): the leading run of blocks some member holds, by node and tier.
+struct QueryOptions {
+  Namespace ns;                           // token queries: fingerprinted as a client does
+  std::vector<uint32_t> tokens;           // the prompt (a partial last block is not asked about)
+  std::optional<uint32_t> input_length;   // from a trace line: cached tokens are capped at it (as lookup)
+  std::vector<std::string> block_hashes;  // set: ask by engine hash (decimal integers or hex bytes)
+  uint32_t block_size = 16;               // hash queries: tokens per block
+  uint32_t tp_size = 1;                   // hash queries: shards per block
+};
+int RunQuery(const CtlOptions& options, const QueryOptions& query);
+
 // evict: one block (on every member, or the selected ones) or the blocks matching a filter.
 struct EvictOptions {
   std::string fingerprint_hex;  // set: this block only (with shard); the filter must be empty

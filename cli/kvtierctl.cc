@@ -1,6 +1,6 @@
 // kvtierctl: the kvtier admin CLI (docs/kvtierctl.md).
-//   kvtierctl --members [node_id=]host:port,... status | stats | groups | ls | inspect | lookup | evict | drain |
-//   verify [--json]
+//   kvtierctl --members [node_id=]host:port,... status | stats | groups | ls | inspect | lookup | query | evict |
+//   drain | verify [--json]
 // main() is the only code that reads argv, files named by flags, or the environment (KVTIER_MEMBERS,
 // KVTIER_TENANT_SALT); the commands (commands.h) take option structs. Every member is asked in parallel
 // under one deadline, so a dead member costs at most --timeout-ms, and the report is printed with
@@ -289,6 +289,28 @@ int main(int argc, char** argv) {
   tokens_opt->excludes(trace_opt);
   lookup->add_flag("--per-block", per_block, "Also print one row per block");
 
+  // query
+  CLI::App* query = app.add_subcommand(
+      "query", "Ask every member's index query endpoint about a prompt (token ids or engine block hashes); merge them");
+  NamespaceFlags query_ns;
+  query_ns.Register(query, /*with_salt=*/true);
+  QueryOptions query_options;
+  std::string query_tokens_file;
+  auto* qtokens_opt = query->add_option("--tokens-file", query_tokens_file,
+                                        "The prompt: whitespace-separated uint32 token ids ('-' = stdin)");
+  std::string query_trace_line;
+  auto* qtrace_opt = query->add_option("--trace-line", query_trace_line,
+                                       "The prompt of one Mooncake trace request, as lookup --trace-line takes it");
+  qtokens_opt->excludes(qtrace_opt);
+  auto* qhash_opt = query
+                        ->add_option("--block-hashes", query_options.block_hashes,
+                                     "Engine block hashes of the prompt, in order (decimal integers or hex bytes)")
+                        ->delimiter(',');
+  qtokens_opt->excludes(qhash_opt);
+  qtrace_opt->excludes(qhash_opt);
+  query->add_option("--block-size", query_options.block_size, "With --block-hashes: tokens per block (default 16)");
+  query->add_option("--hash-tp-size", query_options.tp_size, "With --block-hashes: shards per block (default 1)");
+
   // evict
   CLI::App* evict = app.add_subcommand("evict", "Drop one block, or the blocks of a tenant, a namespace or a tier");
   EvictOptions evict_options;
@@ -338,8 +360,9 @@ int main(int argc, char** argv) {
     if (dynamic_cast<const CLI::RequiredError*>(&e) != nullptr && app.get_subcommands().empty()) {
       const std::vector<std::string> rest = app.remaining();
       if (!rest.empty() && !rest[0].empty() && rest[0][0] != '-') {
-        return UsageError(absl::StrCat("unknown subcommand \"", rest[0],
-                                       "\" (status, stats, groups, ls, inspect, lookup, evict, drain or verify)"));
+        return UsageError(
+            absl::StrCat("unknown subcommand \"", rest[0],
+                         "\" (status, stats, groups, ls, inspect, lookup, query, evict, drain or verify)"));
       }
     }
     return app.exit(e) == 0 ? kExitOk : kExitUsage;  // --help exits 0
@@ -419,6 +442,22 @@ int main(int argc, char** argv) {
       if (!tokens.ok()) return UsageError(std::string(tokens.status().message()));
       lo.tokens = *std::move(tokens);
       return RunLookup(options, lo);
+    }
+    if (query->parsed()) {
+      if (qtokens_opt->count() == 0 && qtrace_opt->count() == 0 && qhash_opt->count() == 0) {
+        return UsageError("query: give the prompt with --tokens-file, --trace-line or --block-hashes");
+      }
+      if (qhash_opt->count() == 0) {
+        auto ns = query_ns.Build();
+        if (!ns.ok()) return UsageError(std::string(ns.status().message()));
+        query_options.ns = *ns;
+        auto tokens = qtokens_opt->count() > 0
+                          ? ReadTokens(query_tokens_file)
+                          : TraceLineTokens(query_trace_line, ns->layout.block_tokens, &query_options.input_length);
+        if (!tokens.ok()) return UsageError(std::string(tokens.status().message()));
+        query_options.tokens = *std::move(tokens);
+      }
+      return RunQuery(options, query_options);
     }
     if (evict->parsed()) {
       auto f = evict_filter.Build();

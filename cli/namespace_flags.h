@@ -12,6 +12,7 @@
 
 #include "absl/status/statusor.h"
 #include "kvtier/common/namespace.h"
+#include "kvtier/common/namespace_json.h"  // NamespaceFromJson, which LoadNamespacesFile reads with
 
 namespace kvtier::cli {
 
@@ -51,11 +52,8 @@ struct NamespaceFlags {
   CLI::Option* salt_opt_ = nullptr;
 };
 
-// One namespace from JSON: {"tenant", "model", "revision" (optional), "layout": {"kind", "dtype",
-// "codec", "num_layers", "num_kv_heads", "head_dim", "latent_dim", "block_tokens", "tp_size",
-// "quant_group_size"}}; layout keys may be left out for their defaults. Errors: InvalidArgument.
-absl::StatusOr<Namespace> NamespaceFromJson(const nlohmann::json& j);
-// A file holding one such object or an array of them. Errors: NotFound, InvalidArgument (with the index).
+// A file holding one namespace object (NamespaceFromJson) or an array of them. Errors: NotFound, InvalidArgument (with
+// the index).
 absl::StatusOr<std::vector<Namespace>> LoadNamespacesFile(const std::string& path);
 
 }  // namespace kvtier::cli

@@ -10,6 +10,8 @@ find_package(prometheus-cpp CONFIG REQUIRED)
 find_package(CLI11 CONFIG REQUIRED)
 find_package(spdlog CONFIG REQUIRED)     # logging (kvtier/common/log.h), with Debian's fmt
 find_package(nlohmann_json CONFIG REQUIRED)
+# The civetweb prometheus-cpp's Exposer runs; the query endpoints hook into it (docs/query.md).
+find_package(civetweb CONFIG REQUIRED)
 find_package(OpenSSL REQUIRED)            # SHA-256 for fingerprints and ring positions
 find_package(PkgConfig REQUIRED)
 pkg_check_modules(XXHASH REQUIRED IMPORTED_TARGET libxxhash)

@@ -130,5 +130,5 @@ set(CPACK_DEBIAN_DEV_PACKAGE_SECTION libdevel)
 set(CPACK_DEBIAN_DEV_DESCRIPTION "kvtier client headers, static library, CMake package and pkg-config files")
 set(CPACK_DEBIAN_DEV_PACKAGE_SHLIBDEPS OFF)
 # The headers need absl and spdlog; the static library (and pkg-config --static) the rest.
-set(CPACK_DEBIAN_DEV_PACKAGE_DEPENDS "libkvtier${PROJECT_VERSION_MAJOR} (= ${PROJECT_VERSION}), libabsl-dev, libspdlog-dev, libgrpc++-dev, libprotobuf-dev, libucx-dev, libc-ares-dev, libzmq3-dev, libxxhash-dev, libssl-dev, pkg-config")
+set(CPACK_DEBIAN_DEV_PACKAGE_DEPENDS "libkvtier${PROJECT_VERSION_MAJOR} (= ${PROJECT_VERSION}), libabsl-dev, libspdlog-dev, libgrpc++-dev, libprotobuf-dev, libucx-dev, libc-ares-dev, libzmq3-dev, libxxhash-dev, libssl-dev, nlohmann-json3-dev, pkg-config")
 include(CPack)

@@ -15,7 +15,7 @@ BUILD_PACKAGES=(
   build-essential cmake ninja-build pkg-config
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev librocksdb-dev libucx-dev
-  libyaml-cpp-dev libspdlog-dev libxxhash-dev libssl-dev prometheus-cpp-dev libcli11-dev nlohmann-json3-dev
+  libyaml-cpp-dev libspdlog-dev libxxhash-dev libssl-dev prometheus-cpp-dev libcivetweb-dev libcli11-dev nlohmann-json3-dev
   libc-ares-dev  # DNS membership (client_lib); also a gRPC dependency
   libzmq3-dev  # KV events (docs/events.md)
 )
@@ -32,7 +32,7 @@ TEST_PACKAGES=(
   # npm install kubernetes-models to validate deploy/k8s.
   prometheus
   dnsmasq-base  # DNS membership tests (dns_membership_test.cc, tests/python/*_suite.py): a DNS server on a high port
-  python3-msgpack python3-zmq  # tests/python/test_vllm_events.py: reads the vLLM-format event stream
+  python3-msgpack python3-zmq  # test_vllm_events.py, examples/router: read the vLLM-format event stream
   openssl  # the security tests (tests/integration/security, tests/python/*_suite.py) make certificates with its CLI
 )
 # nodejs from NodeSource ships npm itself and conflicts with Debian's npm.

@@ -49,11 +49,21 @@ grpc::Status Authenticator::Authenticate(const grpc::ServerContext& ctx, Princip
   }
   const auto& md = ctx.client_metadata();
   auto it = md.find("authorization");
-  if (it == md.end()) {
+  if (it == md.end()) return AuthenticateValue(nullptr, out);
+  const std::string value(it->second.data(), it->second.size());
+  return AuthenticateValue(&value, out);
+}
+
+grpc::Status Authenticator::AuthenticateValue(const std::string* authorization, Principal* out) const {
+  if (tokens_.empty()) {
+    *out = Principal{};
+    return grpc::Status::OK;
+  }
+  if (authorization == nullptr) {
     metrics_.CountAuthRejection();
     return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "no authorization metadata: send \"Bearer <token>\"");
   }
-  absl::string_view value(it->second.data(), it->second.size());
+  absl::string_view value(*authorization);
   if (!absl::ConsumePrefix(&value, "Bearer ")) {
     metrics_.CountAuthRejection();
     return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "authorization metadata is not \"Bearer <token>\"");
@@ -65,6 +75,15 @@ grpc::Status Authenticator::Authenticate(const grpc::ServerContext& ctx, Princip
   }
   *out = found->second;
   return grpc::Status::OK;
+}
+
+grpc::Status Authenticator::AuthorizeAdminHeader(const std::string* authorization) const {
+  Principal who;
+  if (grpc::Status s = AuthenticateValue(authorization, &who); !s.ok()) return s;
+  if (who.admin()) return grpc::Status::OK;
+  metrics_.CountPermissionRejection();
+  return grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
+                      "this endpoint needs an admin token; the token is a worker's");
 }
 
 grpc::Status Authenticator::CheckTenant(const Principal& who, uint64_t tenant_id, const std::string& what) const {

@@ -58,9 +58,14 @@ class Authenticator {
   grpc::Status AuthorizeAdmin(const grpc::ServerContext& ctx) const;
   // Authenticates `ctx`, any role. Errors: UNAUTHENTICATED.
   grpc::Status AuthorizeAny(const grpc::ServerContext& ctx) const;
+  // As AuthorizeAdmin, for an HTTP request: `authorization` is its Authorization header, null when it
+  // has none (the query endpoints, docs/query.md). Errors: UNAUTHENTICATED, PERMISSION_DENIED.
+  grpc::Status AuthorizeAdminHeader(const std::string* authorization) const;
 
  private:
   explicit Authenticator(ServerMetrics& metrics) : metrics_(metrics) {}
+  // The principal of an `authorization` value ("Bearer <token>"; null: none given).
+  grpc::Status AuthenticateValue(const std::string* authorization, Principal* out) const;
 
   absl::flat_hash_map<std::string, Principal> tokens_;  // SHA-256 hex of the token -> who it is
   ServerMetrics& metrics_;

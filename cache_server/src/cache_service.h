@@ -102,6 +102,8 @@ class AdminServiceImpl final : public v1::AdminService::Service {
 
   // The bound UCX port that GetInfo reports (0: no UCX). Set before the gRPC server starts.
   void set_ucx_port(int port) { ucx_port_.store(port, std::memory_order_release); }
+  // The /metrics and /query listener's port (GetInfo's http_port), once bound.
+  void set_http_port(int port) { http_port_.store(port, std::memory_order_release); }
   grpc::Status ListBlocks(grpc::ServerContext* ctx, const v1::ListBlocksRequest* req,
                           v1::ListBlocksResponse* resp) override;
   grpc::Status InspectBlock(grpc::ServerContext* ctx, const v1::InspectBlockRequest* req,
@@ -125,6 +127,7 @@ class AdminServiceImpl final : public v1::AdminService::Service {
   const Authenticator& auth_;
   absl::Time start_ = absl::Now();
   std::atomic<int> ucx_port_{0};
+  std::atomic<int> http_port_{0};
 };
 
 }  // namespace kvtier::server

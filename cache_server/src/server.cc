@@ -23,6 +23,9 @@
 #include "kvtier/server/block_store.h"
 #include "kvtier/v1/cache.pb.h"
 #include "kvtier/wire/wire.h"
+#include "query/engine_hash_index.h"
+#include "query/query_handler.h"
+#include "query/query_http.h"
 #include "server_metrics.h"
 #include "transport/hbm_block_source.h"
 #include "transport/ucx_server.h"
@@ -135,6 +138,10 @@ struct Server::Impl {
   std::unique_ptr<EventPublisher> events;  // null unless events_enabled; detached and destroyed before the store
   std::unique_ptr<EventServiceImpl> event_service;
   std::shared_ptr<prometheus::Collectable> event_metrics;  // the exposer holds it weakly
+  // The query endpoints (docs/query.md), with the metrics listener: the store's sink, forwarding to
+  // `events`; detached before it is destroyed.
+  std::unique_ptr<EngineHashIndex> hash_index;
+  std::unique_ptr<QueryHandler> query_handler;  // routed to while the exposer runs
   int grpc_port = 0;
   int metrics_port = 0;
   int health_port = 0;
@@ -326,9 +333,20 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
          .namespace_names = [p = impl.get()](uint64_t id) { return p->namespaces.Find(id); }});
     if (!events.ok()) return events.status();
     impl->events = std::move(events).value();
-    impl->store->SetEventSink(impl->events.get());
     impl->event_service = std::make_unique<EventServiceImpl>(*impl->events, *impl->store,
                                                              impl->auth->enabled() ? impl->auth.get() : nullptr);
+  }
+
+  // With the query endpoints the engine-hash index sees the store's changes first and forwards them
+  // to the publisher; attaching restates the store's blocks (AllBlocksCleared, then one BlockStored each).
+  if (!options.metrics_address.empty()) {
+    impl->hash_index = std::make_unique<EngineHashIndex>(impl->events.get());
+    impl->query_handler = std::make_unique<QueryHandler>(*impl->store, *impl->hash_index, *impl->auth, options.node_id);
+  }
+  if (impl->hash_index != nullptr) {
+    impl->store->SetEventSink(impl->hash_index.get());
+  } else if (impl->events != nullptr) {
+    impl->store->SetEventSink(impl->events.get());
   }
 
   grpc::EnableDefaultHealthCheckService(true);
@@ -381,7 +399,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
 
   if (!options.metrics_address.empty()) {
     try {
-      impl->exposer = std::make_unique<prometheus::Exposer>(options.metrics_address);
+      // /query and /query_by_hash are answered by the civetweb callbacks (query/query_http.h).
+      impl->exposer = std::make_unique<prometheus::Exposer>(options.metrics_address, 2, QueryHttpCallbacks());
     } catch (const std::exception& e) {
       impl->grpc_server->Shutdown();
       return absl::UnavailableError(absl::StrCat("cannot serve /metrics on ", options.metrics_address, ": ", e.what()));
@@ -394,6 +413,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
     }
     auto ports = impl->exposer->GetListeningPorts();
     impl->metrics_port = ports.empty() ? 0 : ports.front();
+    RegisterQueryHttp(impl->metrics_port, impl->query_handler.get());
+    impl->admin_service->set_http_port(impl->metrics_port);
   }
 
   impl->expiry_thread = std::thread([p = impl.get()] { p->ExpiryLoop(); });
@@ -427,11 +448,10 @@ void Server::Shutdown() {
   // Then the UCX plane: transfers in flight are cancelled (clients see misses) and their pins dropped.
   if (impl_->ucx != nullptr) impl_->ucx->Shutdown();
   if (impl_->expiry_thread.joinable()) impl_->expiry_thread.join();
-  impl_->exposer.reset();
-  if (impl_->events != nullptr) {
-    impl_->store->SetEventSink(nullptr);
-    impl_->events->Stop();  // what is queued is published first
-  }
+  impl_->exposer.reset();  // joins civetweb's threads: no query is in flight after this
+  if (impl_->query_handler != nullptr) UnregisterQueryHttp(impl_->metrics_port);
+  if (impl_->events != nullptr || impl_->hash_index != nullptr) impl_->store->SetEventSink(nullptr);
+  if (impl_->events != nullptr) impl_->events->Stop();  // what is queued is published first
   {
     std::lock_guard<std::mutex> lock(impl_->mu);
     impl_->stopped = true;

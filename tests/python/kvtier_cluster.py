@@ -115,6 +115,18 @@ class Server:
             self.process.kill()
             self.process.wait()
 
+    def restart(self, sig: int = signal.SIGTERM) -> None:
+        """Ends the process with `sig` (SIGTERM: a clean shutdown), then runs the same command again (a
+        gRPC port of 0 gets a new port)."""
+        if self.process.poll() is None:
+            self.process.send_signal(sig)
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self._start()
+
     def stop(self, sig: int = signal.SIGTERM) -> None:
         if self.process.poll() is None:
             self.process.send_signal(sig)
