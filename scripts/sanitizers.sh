@@ -23,8 +23,9 @@ for stage in "${stages[@]}"; do
     tsan)
       cmake --preset tsan >/dev/null
       cmake --build build-tsan -j "$JOBS" --target kvtier_common_unit_test kvtier_server_unit_test
-      TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 build-tsan/tests/kvtier_common_unit_test
-      TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 build-tsan/tests/kvtier_server_unit_test
+      export KVTIER_SOURCE_DIR=$PWD  # tests that read tests/data find it whatever __FILE__ says
+      TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1:suppressions=$PWD/tests/sanitizers/tsan.supp build-tsan/tests/kvtier_common_unit_test
+      TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1:suppressions=$PWD/tests/sanitizers/tsan.supp build-tsan/tests/kvtier_server_unit_test
       ;;
     *) echo "sanitizers.sh: unknown stage $stage" >&2; exit 2 ;;
   esac
