@@ -20,6 +20,7 @@ int RunStatus(const CtlOptions& options);
 // stats: counters of each member and the totals; with an interval, per-second rates too.
 struct StatsOptions {
   absl::Duration interval = absl::ZeroDuration();  // > 0 takes two snapshots this far apart
+  bool counters = false;  // also print every counter of GetStatsResponse.counters, per member and summed
 };
 int RunStats(const CtlOptions& options, const StatsOptions& stats);
 

@@ -249,6 +249,9 @@ int main(int argc, char** argv) {
       ->add_option("--interval-s", interval_s,
                    "Take two snapshots this many seconds apart and also print per-second rates")
       ->check(SecondsRange(0.001, 86400.0));
+  bool stats_counters = false;
+  stats->add_flag("--counters", stats_counters,
+                  "Also print every counter the servers list (the samples /metrics serves), per member and summed");
 
   // groups
   CLI::App* groups = app.add_subcommand(
@@ -421,7 +424,7 @@ int main(int argc, char** argv) {
 
   try {
     if (status->parsed()) return RunStatus(options);
-    if (stats->parsed()) return RunStats(options, {.interval = absl::Seconds(interval_s)});
+    if (stats->parsed()) return RunStats(options, {.interval = absl::Seconds(interval_s), .counters = stats_counters});
     if (groups->parsed()) return RunGroups(options, groups_options);
     if (ls->parsed()) {
       auto f = ls_filter.Build();

@@ -8,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "commands.h"
@@ -112,12 +113,35 @@ std::optional<Rates> ComputeRates(const v1::GetStatsResponse& a, const v1::GetSt
                .evictions = rate(a.evictions(), b.evictions())};
 }
 
+// GetStatsResponse.counters of the members that answered, by sample name in first-seen order, each
+// summed over those members (gauges too, as the typed totals are).
+struct CounterTotals {
+  std::vector<std::string> names;
+  absl::flat_hash_map<std::string, uint64_t> sums;
+
+  void Add(const v1::GetStatsResponse& s) {
+    for (const v1::CounterSample& c : s.counters()) {
+      auto [it, inserted] = sums.try_emplace(c.name(), 0);
+      if (inserted) names.push_back(c.name());
+      it->second += c.value();
+    }
+  }
+};
+
+// The counters of one member as {sample name: value}.
+Json CountersJson(const v1::GetStatsResponse& s) {
+  Json out = Json::object();
+  for (const v1::CounterSample& c : s.counters()) out[c.name()] = c.value();
+  return out;
+}
+
 struct StatsReport {
   std::vector<MemberStats> members;         // the latest snapshot
   std::vector<std::optional<Rates>> rates;  // per member; empty without --interval-s
   std::vector<std::string> rate_problems;   // per member, why it has no rates ("" when it has)
   std::optional<double> interval_s;         // measured time between the snapshots
   v1::GetStatsResponse totals;              // sums over the members that answered the latest snapshot
+  CounterTotals counter_totals;             // GetStatsResponse.counters, summed likewise
   std::optional<Rates> total_rates;         // sum of the members' rates
   size_t answered = 0;                      // members that answered every snapshot taken
 };
@@ -133,7 +157,10 @@ StatsReport CollectStats(const CtlOptions& options, const StatsOptions& stats) {
   Snapshot last = TakeSnapshot(endpoints, options.rpc_timeout);
   for (size_t i = 0; i < last.members.size(); ++i) {
     const MemberStats& m = last.members[i];
-    if (m.status.ok()) AddCounters(m.stats, &report.totals);
+    if (m.status.ok()) {
+      AddCounters(m.stats, &report.totals);
+      report.counter_totals.Add(m.stats);
+    }
     bool answered = m.status.ok();
     if (first) {
       const MemberStats& f = first->members[i];
@@ -170,20 +197,55 @@ Json StatsJson(const StatsReport& report) {
               {"node_id", m.status.ok() ? Json(m.stats.node_id()) : Json(nullptr)},
               {"answered", m.status.ok()},
               {"error", m.status.ok() ? Json(nullptr) : Json(DescribeFailure(m.status))}};
-    if (m.status.ok()) AppendCountersJson(m.stats, j);
+    if (m.status.ok()) {
+      AppendCountersJson(m.stats, j);
+      j["counters"] = CountersJson(m.stats);
+    }
     if (report.interval_s) j["rates"] = report.rates[i] ? report.rates[i]->ToJson() : Json(nullptr);
     members.push_back(std::move(j));
   }
   Json totals = {{"members_answered", report.answered}, {"members_total", report.members.size()}};
   AppendCountersJson(report.totals, totals);
   totals.erase("node_id");
+  Json counters = Json::object();
+  for (const std::string& name : report.counter_totals.names) counters[name] = report.counter_totals.sums.at(name);
+  totals["counters"] = std::move(counters);
   if (report.interval_s) totals["rates"] = report.total_rates->ToJson();
   Json out = {{"members", members}, {"totals", totals}};
   if (report.interval_s) out["interval_s"] = *report.interval_s;
   return out;
 }
 
-void PrintStats(const StatsReport& report, std::ostream& out) {
+// Every counter sample: one row each, a column per member (its value, "-" when it did not answer or
+// does not have that sample), then the TOTAL.
+void PrintCounters(const StatsReport& report, std::ostream& out) {
+  std::vector<std::string> header = {"COUNTER"};
+  std::vector<bool> right = {false};
+  std::vector<absl::flat_hash_map<std::string, uint64_t>> by_member;
+  for (const MemberStats& m : report.members) {
+    header.push_back(m.status.ok() ? m.stats.node_id() : m.address);
+    right.push_back(true);
+    auto& values = by_member.emplace_back();
+    if (m.status.ok()) {
+      for (const v1::CounterSample& c : m.stats.counters()) values[c.name()] = c.value();
+    }
+  }
+  header.push_back("TOTAL");
+  right.push_back(true);
+  Table table(std::move(header), std::move(right));
+  for (const std::string& name : report.counter_totals.names) {
+    std::vector<std::string> row = {name};
+    for (const auto& values : by_member) {
+      const auto it = values.find(name);
+      row.push_back(it == values.end() ? "-" : absl::StrCat(it->second));
+    }
+    row.push_back(absl::StrCat(report.counter_totals.sums.at(name)));
+    table.AddRow(std::move(row));
+  }
+  table.Print(out);
+}
+
+void PrintStats(const StatsReport& report, std::ostream& out, bool counters) {
   // Three narrow tables read better than one 16 columns wide. A member that did not answer shows its
   // address and dashes; the notes under the tables say why.
   auto name = [](const MemberStats& m) { return m.status.ok() ? m.stats.node_id() : m.address; };
@@ -263,6 +325,11 @@ void PrintStats(const StatsReport& report, std::ostream& out) {
     rates.Print(out);
   }
 
+  if (counters) {
+    out << "\nevery counter (the samples /metrics serves):\n";
+    PrintCounters(report, out);
+  }
+
   out << "\ncluster: " << report.answered << "/" << report.members.size() << " members answered\n";
   for (size_t i = 0; i < report.members.size(); ++i) {
     const MemberStats& m = report.members[i];
@@ -281,7 +348,7 @@ int RunStats(const CtlOptions& options, const StatsOptions& stats) {
   if (options.json) {
     std::cout << DumpJson(StatsJson(report)) << "\n";
   } else {
-    PrintStats(report, std::cout);
+    PrintStats(report, std::cout, stats.counters);
   }
   return report.answered == report.members.size() ? kExitOk : kExitUnreachable;
 }

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "kvtier/common/counters.h"
 #include "kvtier/common/log.h"
 #include "kvtier/wire/wire.h"
 
@@ -603,6 +604,12 @@ grpc::Status AdminServiceImpl::GetStats(grpc::ServerContext* ctx, const v1::GetS
   resp->set_shadow_hit_blocks(metrics_.shadow_hit_blocks());
   resp->set_shadow_lookup_blocks(metrics_.shadow_lookup_blocks());
   resp->set_shadow_read_blocks(metrics_.shadow_read_blocks());
+  metrics_.ForEachCounter([resp](const CounterInfo& info, uint64_t value) {
+    v1::CounterSample* c = resp->add_counters();
+    c->set_name(SampleName(info));
+    c->set_value(value);
+    c->set_kind(info.kind == CounterKind::kGauge ? v1::CounterSample::GAUGE : v1::CounterSample::COUNTER);
+  });
   return grpc::Status::OK;
 }
 

@@ -137,7 +137,6 @@ struct Server::Impl {
   std::unique_ptr<UcxServer> ucx;          // null without ucx_listen_address; destroyed before the store
   std::unique_ptr<EventPublisher> events;  // null unless events_enabled; detached and destroyed before the store
   std::unique_ptr<EventServiceImpl> event_service;
-  std::shared_ptr<prometheus::Collectable> event_metrics;  // the exposer holds it weakly
   // The query endpoints (docs/query.md), with the metrics listener: the store's sink, forwarding to
   // `events`; detached before it is destroyed.
   std::unique_ptr<EngineHashIndex> hash_index;
@@ -333,6 +332,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
          .namespace_names = [p = impl.get()](uint64_t id) { return p->namespaces.Find(id); }});
     if (!events.ok()) return events.status();
     impl->events = std::move(events).value();
+    impl->metrics->SetEventPublisher(impl->events.get());
     impl->event_service = std::make_unique<EventServiceImpl>(*impl->events, *impl->store,
                                                              impl->auth->enabled() ? impl->auth.get() : nullptr);
   }
@@ -406,11 +406,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
       return absl::UnavailableError(absl::StrCat("cannot serve /metrics on ", options.metrics_address, ": ", e.what()));
     }
     impl->exposer->RegisterCollectable(impl->metrics->registry());
-    impl->exposer->RegisterCollectable(impl->metrics->store_collectable());
-    if (impl->events != nullptr) {
-      impl->event_metrics = NewEventMetrics(*impl->events);
-      impl->exposer->RegisterCollectable(impl->event_metrics);
-    }
+    impl->exposer->RegisterCollectable(impl->metrics->counters_collectable());
     auto ports = impl->exposer->GetListeningPorts();
     impl->metrics_port = ports.empty() ? 0 : ports.front();
     RegisterQueryHttp(impl->metrics_port, impl->query_handler.get());

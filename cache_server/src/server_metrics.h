@@ -1,5 +1,6 @@
-// Prometheus metrics of one server: RPC latency histograms (prometheus-cpp families) and the block
-// store's counters, read at scrape time.
+// Prometheus metrics of one server: RPC latency histograms (prometheus-cpp families), and every counter
+// of the server's components (ForEachCounter: the block store, the disk tier, the UCX and gRPC
+// transfers, refusals, shadow namespaces, KV events), read at scrape time.
 #ifndef KVTIER_SERVER_SRC_SERVER_METRICS_H_
 #define KVTIER_SERVER_SRC_SERVER_METRICS_H_
 
@@ -19,9 +20,12 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/time/time.h"
 #include "group_stats.h"
+#include "kvtier/common/counters.h"
 #include "kvtier/server/block_store.h"
 
 namespace kvtier::server {
+
+class EventPublisher;
 
 // Thread-safety: ObserveRpc may be called concurrently; Collect runs on the exposer's thread.
 class ServerMetrics {
@@ -92,14 +96,31 @@ class ServerMetrics {
   GroupStatsTable& groups() { return groups_; }
   const GroupStatsTable& groups() const { return groups_; }
 
-  // What the exposer serves: the registry (histograms) and the store's counters.
+  // The KV event publisher whose counters ForEachCounter lists too; null (the default): none. Set before
+  // the servers start; `events` must outlive every ForEachCounter call (the exposer is reset and the
+  // gRPC server shut down before it is destroyed).
+  void SetEventPublisher(const EventPublisher* events) { events_ = events; }
+
+  // Calls `visit` once per sample of every counter of this server, in a fixed order: the block store's
+  // (BlockStoreStats::ForEach), each tier's capacity, the disk tier's status (with a disk tier), the
+  // transfers, refusals, UCX pending connections, shadow namespaces, similarity groups and pinned
+  // refusals by tenant counted here, and the KV event publisher's (when set). Samples of one family
+  // share help and kind. /metrics (counters_collectable), GetStats (counters) and kvtierctl stats
+  // iterate it, so a counter listed here appears in all of them.
+  // Thread-safety: any thread (relaxed loads; the disk status and the refusal map take their locks).
+  void ForEachCounter(const CounterVisitor& visit) const;
+
+  // What the exposer serves: the registry (histograms, build info) and every counter of ForEachCounter,
+  // grouped into families at scrape time.
   std::shared_ptr<prometheus::Registry> registry() const { return registry_; }
-  std::shared_ptr<prometheus::Collectable> store_collectable() const { return store_collectable_; }
+  std::shared_ptr<prometheus::Collectable> counters_collectable() const { return counters_collectable_; }
 
  private:
+  const BlockStore& store_;
+  const EventPublisher* events_ = nullptr;
   std::shared_ptr<prometheus::Registry> registry_;
   prometheus::Family<prometheus::Histogram>* rpc_duration_;
-  std::shared_ptr<prometheus::Collectable> store_collectable_;
+  std::shared_ptr<prometheus::Collectable> counters_collectable_;
   std::atomic<uint64_t> invalid_requests_{0};
   std::atomic<uint64_t> auth_rejections_{0};
   std::atomic<uint64_t> permission_rejections_{0};

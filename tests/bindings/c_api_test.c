@@ -182,6 +182,24 @@ typedef struct first_release_client_options {
 /* kvtier_client_stats_t of the first release: 15 counters. */
 enum { kFirstReleaseStatsBytes = 8 + 15 * 8 };
 
+/* What kvtier_client_stats_foreach reported: how many counters, and the value of put_blocks. */
+typedef struct counter_tally {
+  size_t counters;
+  size_t without_help;
+  uint64_t put_blocks;
+  int saw_put_blocks;
+} counter_tally;
+
+static void tally_counter(void* ctx, const char* name, uint64_t value, const char* help) {
+  counter_tally* t = (counter_tally*)ctx;
+  ++t->counters;
+  if (help == NULL || help[0] == '\0') ++t->without_help;
+  if (strcmp(name, "put_blocks") == 0) {
+    t->put_blocks = value;
+    ++t->saw_put_blocks;
+  }
+}
+
 static void sleep_ms(long ms) {
   struct timespec t;
   t.tv_sec = ms / 1000;
@@ -272,6 +290,19 @@ static void check_versioned_options(const char* const* members, size_t num_membe
           (unsigned long long)old_stats.current.put_blocks);
     for (i = kFirstReleaseStatsBytes; i < sizeof(old_stats.bytes); ++i) {
       CHECK(old_stats.bytes[i] == 0xCD, "stats byte %zu beyond the caller's struct_size was written", i);
+    }
+    /* Every counter by name: as many as the struct has (its uint64_t fields), each once, with help. */
+    {
+      counter_tally tally;
+      memset(&tally, 0, sizeof(tally));
+      CHECK_OK(kvtier_client_stats_foreach(client, tally_counter, &tally, NULL));
+      CHECK(tally.counters == (sizeof(kvtier_client_stats_t) - 8) / 8, "foreach listed %zu counters, want %zu",
+            tally.counters, (size_t)((sizeof(kvtier_client_stats_t) - 8) / 8));
+      CHECK(tally.without_help == 0, "%zu counters without help", tally.without_help);
+      CHECK(tally.saw_put_blocks == 1 && tally.put_blocks == 4, "foreach put_blocks %llu (seen %d times)",
+            (unsigned long long)tally.put_blocks, tally.saw_put_blocks);
+      rc = kvtier_client_stats_foreach(client, NULL, &tally, &err);
+      CHECK(rc == KVTIER_INVALID_ARGUMENT, "foreach without fn: %s", kvtier_status_code_name(rc));
     }
     kvtier_client_close(client);
     client = NULL;

@@ -161,6 +161,20 @@ TEST_F(KvtierctlTest, StatsJsonCountsThePutsReadsAndLookupsMade) {
   EXPECT_EQ(t["read_blocks"].get<uint64_t>(), 4u);
   EXPECT_EQ(t["read_bytes"].get<uint64_t>(), 4 * size);
   EXPECT_EQ(t["members_answered"].get<int>(), 3);
+  // The generic list (GetStatsResponse.counters), summed: it agrees with the typed fields.
+  ASSERT_TRUE(t["counters"].is_object()) << r.output;
+  EXPECT_EQ(t["counters"]["kvtier_committed_blocks_total"].get<uint64_t>(), kBlocks);
+  EXPECT_EQ(t["counters"]["kvtier_read_bytes_total"].get<uint64_t>(), 4 * size);
+  EXPECT_EQ(t["counters"]["kvtier_lookup_blocks_total{result=\"miss\"}"].get<uint64_t>(), 5u);
+  EXPECT_TRUE(t["counters"].contains("kvtier_quota_evictions_total")) << r.output;
+  for (const auto& m : j["members"]) {
+    EXPECT_EQ(m["counters"].size(), t["counters"].size()) << m["node_id"];
+  }
+  // --counters prints them as a table, a row per sample.
+  const CtlResult all = RunCtl(Ctl("stats --counters"));
+  EXPECT_EQ(all.exit_code, 0) << all.output;
+  EXPECT_NE(all.output.find("kvtier_committed_blocks_total"), std::string::npos) << all.output;
+  EXPECT_NE(all.output.find("kvtier_lookup_blocks_total{result=\"miss\"}"), std::string::npos) << all.output;
 
   // Each member counts the blocks the ring gives it.
   ASSERT_EQ(j["members"].size(), 3u);

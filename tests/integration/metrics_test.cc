@@ -1,6 +1,7 @@
 // /metrics of real kvtier-server processes: the exposition passes `promtool check metrics` after
-// traffic; after a replay the servers' counters agree with what the client observed; and every kvtier_*
-// metric the deploy/ rules, alerts and dashboard name is one the server exports.
+// traffic; after a replay the servers' counters agree with what the client observed; every kvtier_*
+// metric the deploy/ rules, alerts and dashboard name is one the server exports; and /metrics and
+// GetStats list the same counters, every one the components' visitors name among them.
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -19,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 
 #include "absl/strings/match.h"
@@ -27,7 +29,10 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "kvtier/client/client.h"
+#include "kvtier/common/counters.h"
 #include "kvtier/common/fingerprint.h"
+#include "kvtier/server/block_store.h"
+#include "kvtier/v1/admin.grpc.pb.h"
 #include "kvtierctl_runner.h"
 #include "replayer.h"
 #include "testing/server_process.h"
@@ -90,6 +95,31 @@ std::pair<int, std::string> Shell(const std::string& cmd) {
   while ((n = fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
   const int status = pclose(p);
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+// Every sample of a scraped page: series (name and labels as exposed) -> value.
+std::map<std::string, double> Samples(const std::string& text) {
+  std::map<std::string, double> out;
+  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+    if (line.empty() || line[0] == '#') continue;
+    const size_t space = line.rfind(' ');
+    double v = 0;
+    if (space != absl::string_view::npos && absl::SimpleAtod(line.substr(space + 1), &v)) {
+      out[std::string(line.substr(0, space))] = v;
+    }
+  }
+  return out;
+}
+
+// "# TYPE name kind" of a scraped page: name -> kind.
+std::map<std::string, std::string> Types(const std::string& text) {
+  std::map<std::string, std::string> out;
+  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+    if (!absl::ConsumePrefix(&line, "# TYPE ")) continue;
+    const std::vector<std::string> parts = absl::StrSplit(line, ' ');
+    if (parts.size() == 2) out[parts[0]] = parts[1];
+  }
+  return out;
 }
 
 bool HavePromtool() { return Shell("command -v promtool").first == 0; }
@@ -222,6 +252,78 @@ TEST_F(MetricsTest, DeployRulesAndDashboardNameOnlyMetricsTheServerExports) {
     }
   }
   EXPECT_GT(names, 10u);
+  std::error_code ignored;
+  procs_.clear();
+  std::filesystem::remove_all(dir_template, ignored);
+}
+
+TEST_F(MetricsTest, MetricsAndGetStatsListEveryCounterOfTheVisitors) {
+  char dir_template[] = "/tmp/kvtier-metrics-all-XXXXXX";
+  ASSERT_NE(mkdtemp(dir_template), nullptr);
+  ASSERT_NO_FATAL_FAILURE(StartCluster(dir_template));  // a disk tier, so that its counters are listed
+  auto requests = bench::SyntheticWorkload({.sessions = 4, .max_turns = 2, .block_tokens = 16});
+  ASSERT_OK(bench::Replay(*client_, requests, {.block_tokens = 16, .block_bytes = 1024}));
+
+  for (const auto& proc : procs_) {
+    SCOPED_TRACE(proc->address());
+    auto stub = v1::AdminService::NewStub(grpc::CreateChannel(proc->address(), grpc::InsecureChannelCredentials()));
+    grpc::ClientContext ctx;
+    v1::GetStatsResponse stats;
+    ASSERT_TRUE(stub->GetStats(&ctx, v1::GetStatsRequest(), &stats).ok());
+    const std::string text = Scrape(proc->metrics_port());
+    ASSERT_FALSE(text.empty());
+    const std::map<std::string, double> samples = Samples(text);
+    const std::map<std::string, std::string> types = Types(text);
+
+    // Every sample GetStats lists is on /metrics, of the same kind; counters with the same value (no
+    // traffic runs between the two reads; gauges such as free bytes may move).
+    std::set<std::string> listed;
+    for (const v1::CounterSample& c : stats.counters()) {
+      EXPECT_TRUE(listed.insert(c.name()).second) << "listed twice: " << c.name();
+      const auto it = samples.find(c.name());
+      ASSERT_NE(it, samples.end()) << c.name() << " is in GetStats but not on /metrics";
+      const std::string family = c.name().substr(0, c.name().find('{'));
+      EXPECT_EQ(types.at(family), c.kind() == v1::CounterSample::GAUGE ? "gauge" : "counter") << family;
+      if (c.kind() == v1::CounterSample::COUNTER) {
+        EXPECT_EQ(it->second, static_cast<double>(c.value())) << c.name();
+      }
+    }
+    // And the other way: every kvtier_ sample on /metrics but the histograms and build info is listed.
+    for (const auto& [series, value] : samples) {
+      if (!absl::StartsWith(series, "kvtier_") || absl::StartsWith(series, "kvtier_rpc_duration_seconds") ||
+          absl::StartsWith(series, "kvtier_build_info")) {
+        continue;
+      }
+      EXPECT_TRUE(listed.count(series)) << series << " is on /metrics but not in GetStats";
+    }
+    // The components' visitors: every sample of the block store's and the disk tier's is listed.
+    size_t store_samples = 0;
+    auto expect_listed = [&](const CounterInfo& info, uint64_t) {
+      ++store_samples;
+      EXPECT_TRUE(listed.count(SampleName(info))) << SampleName(info) << " is not in GetStats";
+    };
+    server::BlockStoreStats().ForEach(expect_listed, {.hbm = false, .disk = true});
+    server::DiskTierStatus().ForEach(expect_listed);
+    EXPECT_GT(store_samples, 40u);
+
+    // The typed fields are filled as before and agree with the list.
+    std::map<std::string, uint64_t> by_name;
+    for (const v1::CounterSample& c : stats.counters()) by_name[c.name()] = c.value();
+    EXPECT_GT(stats.committed_blocks(), 0u);
+    EXPECT_EQ(by_name.at("kvtier_committed_blocks_total"), stats.committed_blocks());
+    EXPECT_EQ(by_name.at("kvtier_committed_bytes_total"), stats.committed_bytes());
+    EXPECT_EQ(by_name.at("kvtier_lookup_blocks_total{result=\"hit\"}"), stats.lookup_blocks_hit());
+    EXPECT_EQ(by_name.at("kvtier_read_bytes_total"), stats.read_bytes());
+    EXPECT_EQ(by_name.at("kvtier_stored_blocks{tier=\"disk\"}"), stats.disk_blocks());
+    EXPECT_EQ(by_name.at("kvtier_capacity_bytes{tier=\"host\"}"), stats.capacity_bytes());
+    EXPECT_EQ(by_name.at("kvtier_disk_io_errors_total{op=\"write\"}"), stats.disk_write_errors());
+    EXPECT_EQ(by_name.at("kvtier_transfer_bytes_total{direction=\"read\",transport=\"grpc\"}"),
+              stats.grpc_read_bytes());
+    EXPECT_EQ(by_name.at("kvtier_rejections_total{reason=\"invalid_argument\"}"), stats.rejections_invalid());
+    // Counters the typed fields never had are there too (quota, defrag).
+    EXPECT_TRUE(by_name.count("kvtier_quota_evictions_total"));
+    EXPECT_TRUE(by_name.count("kvtier_defrag_moved_blocks_total"));
+  }
   std::error_code ignored;
   procs_.clear();
   std::filesystem::remove_all(dir_template, ignored);

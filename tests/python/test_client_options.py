@@ -236,6 +236,17 @@ class ClientKeywordsTest(unittest.TestCase):
             self.assertEqual(list(c.stats()), counters)
             self.assertTrue(all(isinstance(v, int) for v in c.stats().values()))
 
+    def test_stats_info_describes_every_counter_of_stats(self):
+        with kvtier.Client(self.members, transport="grpc") as c:
+            info = c.stats_info()
+            stats = c.stats()
+        self.assertEqual([i["name"] for i in info], list(stats))
+        for i in info:
+            self.assertEqual(set(i), {"name", "value", "help", "kind"})
+            self.assertEqual(i["kind"], "counter")
+            self.assertTrue(i["help"], i["name"])
+            self.assertIsInstance(i["value"], int)
+
     def test_members_have_every_field_of_member_info(self):
         header = read(CLIENT_H)
         with kvtier.Client(self.members, transport="grpc") as c:

@@ -98,7 +98,8 @@ absl::Status ReadOverrides(const kvtier_replication_override_t* items, size_t n,
   if (KVTIER_C_COVERS(c, num_##name)) KVTIER_RETURN_IF_ERROR(ReadOverrides(c.name, c.num_##name, #name, o.name))
 
 // Every counter of the list is a uint64_t field of the C stats struct.
-#define KVTIER_C_CHECK_COUNTER(name) static_assert(std::is_same_v<decltype(kvtier_client_stats_t::name), uint64_t>);
+#define KVTIER_C_CHECK_COUNTER(name, help) \
+  static_assert(std::is_same_v<decltype(kvtier_client_stats_t::name), uint64_t>);
 KVTIER_CLIENT_STATS_COUNTERS(KVTIER_C_CHECK_COUNTER)
 #undef KVTIER_C_CHECK_COUNTER
 
@@ -137,7 +138,7 @@ absl::Status CopyClientStats(const client::ClientStats& s, kvtier_client_stats_t
     return absl::InvalidArgumentError(absl::StrCat("out.struct_size: is ", out->struct_size, ", want at least ",
                                                    kClientStatsFirstReleaseBytes, " (sizeof(kvtier_client_stats_t))"));
   }
-#define KVTIER_C_COPY_COUNTER(name) \
+#define KVTIER_C_COPY_COUNTER(name, help) \
   if (KVTIER_C_COVERS(*out, name)) out->name = s.name.load(std::memory_order_relaxed);
   KVTIER_CLIENT_STATS_COUNTERS(KVTIER_C_COPY_COUNTER)
 #undef KVTIER_C_COPY_COUNTER

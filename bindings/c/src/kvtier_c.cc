@@ -351,4 +351,15 @@ kvtier_status_code kvtier_client_stats(const kvtier_client_t* client, kvtier_cli
   return Report(kvtier::c_api::CopyClientStats(client->client->stats(), out), error);
 }
 
+kvtier_status_code kvtier_client_stats_foreach(const kvtier_client_t* client, kvtier_counter_fn fn, void* ctx,
+                                               kvtier_error_t* error) {
+  if (client == nullptr) return Invalid("client: must not be NULL", error);
+  if (fn == nullptr) return Invalid("fn: must not be NULL", error);
+  client->client->stats().ForEach([&](const kvtier::CounterInfo& info, uint64_t value) {
+    const std::string name(info.name), help(info.help);  // NUL-terminated for C
+    fn(ctx, name.c_str(), value, help.c_str());
+  });
+  return Report(absl::OkStatus(), error);
+}
+
 }  // extern "C"

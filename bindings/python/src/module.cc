@@ -694,6 +694,7 @@ std::vector<PutResult> PutPtrs(const PyClient& self, const Namespace& ns, py::ha
 }
 
 py::dict Stats(const PyClient& self) { return StatsToDict(self.Get()->stats()); }
+py::list StatsInfoOf(const PyClient& self) { return StatsInfo(self.Get()->stats()); }
 
 py::list Members(const PyClient& self) {
   py::list out;
@@ -966,7 +967,11 @@ put_stored_bytes, put_rejected_blocks), failures (misses_from_errors, rpc_errors
 UCX (ucx_get_blocks, ucx_lane_get_blocks, ucx_leases, ucx_put_blocks, ucx_endpoint_failures,
 ucx_connects, ucx_allocates, ucx_commits), membership (ring_changes, dns_resolutions, dns_failures, health_check_failures,
 members_ejected) and replication (replica_puts, replica_put_failures, hints_queued, hints_delivered,
-hints_dropped, replica_read_blocks).)doc")
+hints_dropped, replica_read_blocks). The keys come from ClientStats::ForEach, so a counter added there
+appears here too.)doc")
+      .def("stats_info", &StatsInfoOf, R"doc(
+Every counter of stats() with its description: a list of dicts {name, value, help, kind} in the C++
+list's order (kind is 'counter' for all of them), e.g. to export them to a metrics system.)doc")
       .def("members", &Members, R"doc(
 Every member as this client sees it, static ones first: dicts with node_id ('' until it answered),
 address, from_dns, in_ring, health ('unknown' | 'healthy' | 'ejected'), consecutive_failures,

@@ -56,6 +56,8 @@ client::EventSubscriberOptions EventSubscriberOptionsFromPython(py::handle membe
 
 // Every counter of ClientStats / EventSubscriberStats as a dict of ints, in list order.
 py::dict StatsToDict(const client::ClientStats& stats);
+// Every counter of ClientStats (ClientStats::ForEach) as a list of dicts {name, value, help, kind}.
+py::list StatsInfo(const client::ClientStats& stats);
 py::dict StatsToDict(const client::EventSubscriberStats& stats);
 
 // Every field of a MemberInfo as a dict (health as "unknown" | "healthy" | "ejected").

@@ -348,8 +348,21 @@ client::EventSubscriberOptions EventSubscriberOptionsFromPython(py::handle membe
 
 py::dict StatsToDict(const client::ClientStats& stats) {
   py::dict d;
-  client::ForEachCounter(stats, [&](const char* name, uint64_t v) { d[name] = v; });
+  stats.ForEach([&](const CounterInfo& info, uint64_t v) { d[py::str(info.name.data(), info.name.size())] = v; });
   return d;
+}
+
+py::list StatsInfo(const client::ClientStats& stats) {
+  py::list out;
+  stats.ForEach([&](const CounterInfo& info, uint64_t v) {
+    py::dict d;
+    d["name"] = py::str(info.name.data(), info.name.size());
+    d["value"] = v;
+    d["help"] = py::str(info.help.data(), info.help.size());
+    d["kind"] = CounterKindName(info.kind);
+    out.append(std::move(d));
+  });
+  return out;
 }
 
 py::dict StatsToDict(const client::EventSubscriberStats& stats) {

@@ -3,6 +3,9 @@
 #include <zmq.h>
 
 #include <random>
+#include <string_view>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -438,6 +441,41 @@ void EventPublisher::ServeVllmReplay() {
     stats_.vllm_replayed_batches.fetch_add(1, std::memory_order_relaxed);
   }
   send(end_marker, "");
+}
+
+void EventPublisher::ForEachCounter(const CounterVisitor& visit) const {
+  const EventPublisherStats& s = stats_;
+  auto v = [](const std::atomic<uint64_t>& a) { return a.load(std::memory_order_relaxed); };
+  auto one = [&](std::string_view name, std::string_view help, uint64_t value,
+                 std::vector<std::pair<std::string_view, std::string_view>> labels = {},
+                 CounterKind kind = CounterKind::kCounter) {
+    visit(CounterInfo{.name = name, .help = help, .kind = kind, .labels = std::move(labels)}, value);
+  };
+  one("kvtier_events_total", "KV events numbered (block stored, removed, moved, all cleared).", v(s.events));
+  one("kvtier_events_published_total", "KV events sent on the PUB socket.", v(s.published_events));
+  one("kvtier_event_batches_published_total", "PUB messages sent, heartbeats included.", v(s.published_batches));
+  one("kvtier_events_unpublished_total", "KV events that left the replay buffer before being published.",
+      v(s.unpublished_events));
+  // Rejected ones are counted in both; the "ok" sample is the difference.
+  constexpr std::string_view kReplay =
+      "Replay requests, by result (out_of_range: the subscriber must take a snapshot).";
+  const uint64_t rejected = v(s.replay_out_of_range);
+  const uint64_t replays = v(s.replay_requests);
+  one("kvtier_event_replay_requests_total", kReplay, replays > rejected ? replays - rejected : 0, {{"result", "ok"}});
+  one("kvtier_event_replay_requests_total", kReplay, rejected, {{"result", "out_of_range"}});
+  one("kvtier_event_replayed_total", "KV events served by Replay.", v(s.replayed_events));
+  one("kvtier_event_snapshot_requests_total", "Snapshot requests served.", v(s.snapshot_requests));
+  one("kvtier_event_snapshot_blocks_total", "Blocks sent by Snapshot requests.", v(s.snapshot_blocks));
+  one("kvtier_event_vllm_batches_published_total", "vLLM-format KV event batches sent on the vLLM PUB socket.",
+      v(s.vllm_published_batches));
+  constexpr std::string_view kVllmReplay =
+      "Requests on the vLLM replay socket, by result (malformed: ignored, or answered with the end marker only).";
+  one("kvtier_event_vllm_replay_requests_total", kVllmReplay, v(s.vllm_replay_requests), {{"result", "ok"}});
+  one("kvtier_event_vllm_replay_requests_total", kVllmReplay, v(s.vllm_replay_bad_requests), {{"result", "malformed"}});
+  one("kvtier_event_vllm_replayed_batches_total", "vLLM-format batches sent by the replay socket.",
+      v(s.vllm_replayed_batches));
+  one("kvtier_event_last_seq", "The latest KV event sequence number of this server instance.", last_seq(), {},
+      CounterKind::kGauge);
 }
 
 }  // namespace kvtier::server

@@ -21,6 +21,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "events/vllm_encoder.h"
+#include "kvtier/common/counters.h"
 #include "kvtier/server/block_event_sink.h"
 #include "kvtier/server/block_store.h"
 #include "kvtier/v1/events.pb.h"
@@ -120,6 +121,10 @@ class EventPublisher final : public BlockEventSink {
   uint64_t last_seq() const;
   uint64_t oldest_seq() const;  // the first seq Replay can serve (last_seq() + 1 when the ring is empty)
   const EventPublisherStats& stats() const { return stats_; }
+  // Calls `visit` once per sample of every counter of stats() (each field in exactly one sample), then
+  // the kvtier_event_last_seq gauge. /metrics and GetStats iterate it (ServerMetrics::ForEachCounter).
+  // Thread-safety: any thread (relaxed loads; last_seq() takes mu_ briefly).
+  void ForEachCounter(const CounterVisitor& visit) const;
 
  private:
   enum class Kind : uint8_t { kStored, kRemoved, kMoved, kCleared };

@@ -4,8 +4,6 @@
 
 #include <memory>
 
-#include <prometheus/collectable.h>
-
 #include "events/event_publisher.h"
 #include "kvtier/server/block_store.h"
 #include "kvtier/v1/events.grpc.pb.h"
@@ -37,14 +35,6 @@ class EventServiceImpl final : public v1::EventService::Service {
   const BlockStore& store_;
   const Authenticator* auth_;
 };
-
-// The publisher's counters for /metrics, read at scrape time: kvtier_events_total,
-// kvtier_events_published_total, kvtier_event_batches_published_total, kvtier_events_unpublished_total,
-// kvtier_event_replay_requests_total{result}, kvtier_event_replayed_total,
-// kvtier_event_snapshot_requests_total, kvtier_event_last_seq, kvtier_event_vllm_batches_published_total,
-// kvtier_event_vllm_replay_requests_total{result}, kvtier_event_vllm_replayed_batches_total. `publisher`
-// must outlive it.
-std::shared_ptr<prometheus::Collectable> NewEventMetrics(const EventPublisher& publisher);
 
 }  // namespace kvtier::server
 

@@ -193,7 +193,7 @@ TEST(BindingsCOptionsTest, NullEntriesAreRefusedNamingTheEntry) {
 TEST(BindingsCOptionsTest, StatsCopyEveryCounterThatTheCallersStructHolds) {
   ClientStats s;
   uint64_t v = 1;
-#define KVTIER_TEST_SET_COUNTER(name) s.name = v++;
+#define KVTIER_TEST_SET_COUNTER(name, help) s.name = v++;
   KVTIER_CLIENT_STATS_COUNTERS(KVTIER_TEST_SET_COUNTER)
 #undef KVTIER_TEST_SET_COUNTER
   kvtier_client_stats_t out;
@@ -201,7 +201,7 @@ TEST(BindingsCOptionsTest, StatsCopyEveryCounterThatTheCallersStructHolds) {
   out.struct_size = sizeof(out);
   ASSERT_OK(c_api::CopyClientStats(s, &out));
   size_t counters = 0;
-#define KVTIER_TEST_CHECK_COUNTER(name)        \
+#define KVTIER_TEST_CHECK_COUNTER(name, help)  \
   EXPECT_EQ(out.name, s.name.load()) << #name; \
   ++counters;
   KVTIER_CLIENT_STATS_COUNTERS(KVTIER_TEST_CHECK_COUNTER)

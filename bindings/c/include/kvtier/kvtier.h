@@ -367,6 +367,16 @@ typedef struct kvtier_client_stats {
 KVTIER_API kvtier_status_code kvtier_client_stats(const kvtier_client_t* client, kvtier_client_stats_t* out,
                                                   kvtier_error_t* error);
 
+/* Called by kvtier_client_stats_foreach once per counter: its name (as in kvtier_client_stats_t), its
+ * value, and a one-line help text. `name` and `help` are NUL-terminated and valid for the call only. */
+typedef void (*kvtier_counter_fn)(void* ctx, const char* name, uint64_t value, const char* help);
+
+/* Calls fn(ctx, ...) once for every counter of the client's ClientStats, in the C++ list's order,
+ * synchronously on the calling thread; counters added in later releases appear without a new struct.
+ * All are monotonic counters. Errors: INVALID_ARGUMENT (client or fn NULL). */
+KVTIER_API kvtier_status_code kvtier_client_stats_foreach(const kvtier_client_t* client, kvtier_counter_fn fn,
+                                                          void* ctx, kvtier_error_t* error);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif

@@ -24,6 +24,7 @@
 #include "kvtier/common/block_key.h"
 #include "kvtier/common/capability_id.h"
 #include "kvtier/common/clock.h"
+#include "kvtier/common/counters.h"
 #include "kvtier/server/block_event_sink.h"
 #include "kvtier/server/device_tier_memory.h"
 #include "kvtier/server/eviction_policy.h"
@@ -183,6 +184,18 @@ struct BlockStoreStats {
   std::atomic<uint64_t> hbm_promotions{0};           // host -> HBM
   std::atomic<uint64_t> hbm_demotions{0};            // HBM -> host
   std::atomic<uint64_t> hbm_errors{0};               // device copies that failed (the block is dropped or not moved)
+
+  // Which tiers the store has: samples of an absent tier are left out (ForEach).
+  struct Tiers {
+    bool hbm = false;
+    bool disk = false;
+  };
+  // Calls `visit` once per sample of every counter above (Prometheus names, help and kind; each field
+  // appears in exactly one sample), leaving out the HBM samples without tiers.hbm and the disk tier's
+  // gauges, reads and spill drops without tiers.disk. /metrics, GetStats and kvtierctl stats iterate it.
+  // Add a field here and to ForEach (block_store_stats.cc); the unit test counts the fields.
+  // Thread-safety: may run concurrently with the store's updates (relaxed loads).
+  void ForEach(const CounterVisitor& visit, Tiers tiers) const;
 };
 
 // The disk tier as an operator sees it (BlockStore::disk_status()).
@@ -197,6 +210,10 @@ struct DiskTierStatus {
   uint64_t open_errors = 0, write_errors = 0, read_errors = 0, delete_errors = 0, scan_errors = 0;
   uint64_t background_errors = 0;  // RocksDB's own flushes and compactions that failed
   uint64_t recreated = 0;          // times the database was found unusable for want of room and started empty
+
+  // Calls `visit` once per sample: the state (one gauge per state, 1 for the current one), the
+  // numbers above and the errors by operation (`reason` is text, not a sample).
+  void ForEach(const CounterVisitor& visit) const;
 };
 
 // Per-block answer of AcquireRead.

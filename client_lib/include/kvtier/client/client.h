@@ -14,6 +14,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "kvtier/common/block_meta.h"
+#include "kvtier/common/counters.h"
 #include "kvtier/common/fingerprint.h"
 #include "kvtier/common/hash_ring.h"
 #include "kvtier/common/namespace.h"
@@ -254,6 +255,13 @@ struct ClientStats {
   std::atomic<uint64_t> replica_read_blocks{0};
   std::atomic<uint64_t> ucx_allocates{0};  // put reservations taken over UCX (kAllocate)
   std::atomic<uint64_t> ucx_commits{0};    // put commits over UCX (kCommit)
+
+  // Calls `visit` once per counter above, in declaration order: CounterInfo.name is the field's name,
+  // help its one-line meaning, kind kCounter, no labels (the list is KVTIER_CLIENT_STATS_COUNTERS of
+  // kvtier/client/field_lists.h; a field missing from it fails the build). The C API
+  // (kvtier_client_stats_foreach) and the Python module (Client.stats()) iterate it.
+  // Thread-safety: may run while the client counts (relaxed loads).
+  void ForEach(const CounterVisitor& visit) const;
 };
 
 // Talks to every member over gRPC (one channel each, reused), places blocks with a HashRing of the

@@ -93,42 +93,43 @@ using ReplicationOverrides = std::vector<ClientOptions::ReplicationOverride>;
   X(tls_server_name, String)                      \
   X(auth_token, String)
 
-// ClientStats (client.h): every counter, a std::atomic<uint64_t>.
-#define KVTIER_CLIENT_STATS_COUNTERS(X) \
-  X(lookups)                            \
-  X(lookup_blocks)                      \
-  X(prefix_hit_blocks)                  \
-  X(prefix_hit_tokens)                  \
-  X(get_blocks)                         \
-  X(retrieve_hit_blocks)                \
-  X(retrieve_hit_tokens)                \
-  X(retrieve_hit_bytes)                 \
-  X(put_blocks)                         \
-  X(put_stored_blocks)                  \
-  X(put_stored_bytes)                   \
-  X(put_rejected_blocks)                \
-  X(misses_from_errors)                 \
-  X(rpc_errors)                         \
-  X(checksum_failures)                  \
-  X(ucx_get_blocks)                     \
-  X(ucx_lane_get_blocks)                \
-  X(ucx_leases)                         \
-  X(ucx_put_blocks)                     \
-  X(ucx_endpoint_failures)              \
-  X(ucx_connects)                       \
-  X(ring_changes)                       \
-  X(dns_resolutions)                    \
-  X(dns_failures)                       \
-  X(health_check_failures)              \
-  X(members_ejected)                    \
-  X(replica_puts)                       \
-  X(replica_put_failures)               \
-  X(hints_queued)                       \
-  X(hints_delivered)                    \
-  X(hints_dropped)                      \
-  X(replica_read_blocks)                \
-  X(ucx_allocates)                      \
-  X(ucx_commits)
+// ClientStats (client.h): every counter, a std::atomic<uint64_t>, with its help text (all are
+// monotonic: CounterKind::kCounter). X(name, help).
+#define KVTIER_CLIENT_STATS_COUNTERS(X)                                                                             \
+  X(lookups, "LookupPrefix calls.")                                                                                 \
+  X(lookup_blocks, "Blocks asked of LookupPrefix.")                                                                 \
+  X(prefix_hit_blocks, "Blocks in the leading runs LookupPrefix returned.")                                         \
+  X(prefix_hit_tokens, "Tokens of those blocks.")                                                                   \
+  X(get_blocks, "Blocks asked of Get.")                                                                             \
+  X(retrieve_hit_blocks, "Blocks Get received intact.")                                                             \
+  X(retrieve_hit_tokens, "Tokens of those blocks.")                                                                 \
+  X(retrieve_hit_bytes, "Bytes of those blocks.")                                                                   \
+  X(put_blocks, "Blocks asked of Put.")                                                                             \
+  X(put_stored_blocks, "Blocks Put stored (or found stored).")                                                      \
+  X(put_stored_bytes, "Bytes of those blocks.")                                                                     \
+  X(put_rejected_blocks, "Blocks a server refused for want of space.")                                              \
+  X(misses_from_errors, "Blocks turned into misses because an owner failed.")                                       \
+  X(rpc_errors, "RPCs that failed (each may cover many blocks).")                                                   \
+  X(checksum_failures, "Blocks whose bytes failed verification.")                                                   \
+  X(ucx_get_blocks, "Blocks that arrived intact over UCX.")                                                         \
+  X(ucx_lane_get_blocks, "Of those, blocks the get lanes received (ucx_get_lanes).")                                \
+  X(ucx_leases, "Read leases taken over UCX.")                                                                      \
+  X(ucx_put_blocks, "Blocks whose bytes a server took over UCX.")                                                   \
+  X(ucx_endpoint_failures, "UCX endpoints dropped after an error or a missed deadline.")                            \
+  X(ucx_connects, "UCX endpoints established (the first and reconnects).")                                          \
+  X(ring_changes, "Rings swapped in after Connect (members joined or left).")                                       \
+  X(dns_resolutions, "members_dns resolutions that answered (records or none).")                                    \
+  X(dns_failures, "members_dns resolutions that failed (the members were kept).")                                   \
+  X(health_check_failures, "Failed health checks, all members.")                                                    \
+  X(members_ejected, "Member ejections (a member ejected twice counts twice).")                                     \
+  X(replica_puts, "Replica blocks an owner stored (or already had).")                                               \
+  X(replica_put_failures, "Replica blocks an attempt did not store (queue full, owner down or failing, no space).") \
+  X(hints_queued, "Replica blocks put in the hinted-handoff queue.")                                                \
+  X(hints_delivered, "Hinted blocks an owner later stored (or had).")                                               \
+  X(hints_dropped, "Hinted blocks dropped (oldest first) over hint_queue_bytes.")                                   \
+  X(replica_read_blocks, "Blocks of Get and LookupPrefix found on an owner other than the first one asked.")        \
+  X(ucx_allocates, "Put reservations taken over UCX.")                                                              \
+  X(ucx_commits, "Put commits over UCX.")
 
 // EventSubscriberStats (event_subscriber.h): every counter, a uint64_t.
 #define KVTIER_EVENT_SUBSCRIBER_STATS_COUNTERS(X) \
@@ -144,7 +145,7 @@ using ReplicationOverrides = std::vector<ClientOptions::ReplicationOverride>;
 namespace kvtier::client {
 
 #define KVTIER_FIELD_LISTS_ONE_(name, Kind) +1
-#define KVTIER_FIELD_LISTS_ONE_COUNTER_(name) +1
+#define KVTIER_FIELD_LISTS_ONE_COUNTER_(name, ...) +1
 inline constexpr size_t kClientOptionsFieldCount = 0 KVTIER_CLIENT_OPTIONS_FIELDS(KVTIER_FIELD_LISTS_ONE_);
 inline constexpr size_t kReplicationOverrideFieldCount = 0 KVTIER_REPLICATION_OVERRIDE_FIELDS(KVTIER_FIELD_LISTS_ONE_);
 inline constexpr size_t kEventSubscriberOptionsFieldCount =
@@ -176,7 +177,7 @@ static_assert(AggregateFieldCount<EventSubscriberStats>() == kEventSubscriberSta
 #define KVTIER_FIELD_LISTS_CHECK_OVERRIDE_(name, Kind) \
   KVTIER_FIELD_LISTS_CHECK_(ClientOptions::ReplicationOverride, name, Kind)
 #define KVTIER_FIELD_LISTS_CHECK_EVENTS_(name, Kind) KVTIER_FIELD_LISTS_CHECK_(EventSubscriberOptions, name, Kind)
-#define KVTIER_FIELD_LISTS_CHECK_STAT_(name) \
+#define KVTIER_FIELD_LISTS_CHECK_STAT_(name, help) \
   static_assert(std::is_same_v<decltype(ClientStats::name), std::atomic<uint64_t>>);
 #define KVTIER_FIELD_LISTS_CHECK_EVENT_STAT_(name) \
   static_assert(std::is_same_v<decltype(EventSubscriberStats::name), uint64_t>);
@@ -223,7 +224,7 @@ void ForEachField(Options& o, F&& f) {
 // Calls f(const char* name, uint64_t value) for every counter of `s`, in list order (relaxed loads).
 template <typename F>
 void ForEachCounter(const ClientStats& s, F&& f) {
-#define KVTIER_FIELD_LISTS_VISIT_(name) f(#name, s.name.load(std::memory_order_relaxed));
+#define KVTIER_FIELD_LISTS_VISIT_(name, help) f(#name, s.name.load(std::memory_order_relaxed));
   KVTIER_CLIENT_STATS_COUNTERS(KVTIER_FIELD_LISTS_VISIT_)
 #undef KVTIER_FIELD_LISTS_VISIT_
 }
