@@ -13,7 +13,9 @@
 #include <grpcpp/health_check_service_interface.h>
 
 #include "absl/strings/str_cat.h"
+#include "admin_service.h"
 #include "auth.h"
+#include "block_requests.h"
 #include "cache_service.h"
 #include "events/event_publisher.h"
 #include "events/event_service.h"
@@ -124,6 +126,7 @@ struct Server::Impl {
   NamespaceRegistry namespaces;
   std::unique_ptr<Authenticator> auth;
   std::unique_ptr<UcxSessions> ucx_sessions;  // with the UCX listener; outlives it and the gRPC server
+  std::unique_ptr<BlockRequests> requests;    // the data plane's rules, for the gRPC service and UCX alike
   std::unique_ptr<CacheServiceImpl> cache_service;
   std::unique_ptr<AdminServiceImpl> admin_service;
   // The NCCL transport (docs/gpu.md), served when the store has an HBM tier and the build has NCCL.
@@ -276,8 +279,10 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   impl->auth = std::move(auth).value();
   auto credentials = ListenCredentials(impl->options);
   if (!credentials.ok()) return credentials.status();
+  impl->requests =
+      std::make_unique<BlockRequests>(impl->options, *impl->store, *impl->metrics, impl->namespaces, *impl->auth);
   impl->cache_service =
-      std::make_unique<CacheServiceImpl>(impl->options, *impl->store, *impl->metrics, impl->namespaces, *impl->auth);
+      std::make_unique<CacheServiceImpl>(impl->options, *impl->store, *impl->metrics, *impl->requests, *impl->auth);
   impl->admin_service =
       std::make_unique<AdminServiceImpl>(impl->options, *impl->store, *impl->metrics, impl->namespaces, *impl->auth);
 
