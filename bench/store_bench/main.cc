@@ -3,6 +3,8 @@
 // in-process store, for a fixed time each; reports operations per second and p50/p99 per operation,
 // and how a thread count scales against one thread of the same run. With --disk_blocks the host tier
 // spills to a RocksDB disk tier in a temporary directory (a small host tier: a disk-bound workload).
+// Each operation kind also reports its share of time spent holding the store's lock, and one of the
+// committed index's shard locks (--lock_share; "lock" column: store% + shard%).
 // See bench/README.md "store_bench".
 #include <unistd.h>
 
@@ -27,6 +29,7 @@
 #include "absl/time/time.h"
 #include "kvtier/common/checksum.h"
 #include "kvtier/server/block_store.h"
+#include "kvtier/server/timed_mutex.h"
 
 ABSL_FLAG(std::string, threads, "1,2,4,8,16", "thread counts to run, each its own row set");
 ABSL_FLAG(uint64_t, block_bytes, 64 << 10, "bytes per block");
@@ -38,6 +41,9 @@ ABSL_FLAG(double, put_share, 0.2, "share of operations that are puts");
 ABSL_FLAG(double, read_share, 0.4, "share that are leased reads; the rest are lookups");
 ABSL_FLAG(double, seconds, 2.0, "measured time per thread count");
 ABSL_FLAG(bool, json, false, "print one JSON object");
+ABSL_FLAG(bool, lock_share, true,
+          "time every hold of a store lock, to report each operation's share of time holding one "
+          "(two clock reads per lock)");
 
 namespace {
 
@@ -48,6 +54,7 @@ using kvtier::server::AllocateOutcome;
 using kvtier::server::BlockStore;
 using kvtier::server::BlockStoreOptions;
 using kvtier::server::NamespaceRef;
+using kvtier::server::TimedMutex;
 
 enum Op { kLookup = 0, kRead = 1, kPut = 2, kOps = 3 };
 const char* kOpNames[kOps] = {"lookup", "read", "put"};
@@ -68,6 +75,9 @@ BlockKey KeyOf(uint64_t k) {
 
 struct ThreadResult {
   std::vector<double> us[kOps];
+  // Per operation kind: nanoseconds spent in the operations, and of them holding a store lock
+  // (TimedMutex: the store's lock and the committed index's shard locks).
+  uint64_t op_ns[kOps] = {}, held_ns[kOps] = {}, shard_held_ns[kOps] = {};
   uint64_t hits = 0, keys_asked = 0, put_failures = 0;
 };
 
@@ -94,6 +104,8 @@ void Worker(BlockStore& store, const NamespaceRef& ns, uint64_t seed, const std:
     }
     const double c = coin(rng);
     const Op op = c < put_share ? kPut : (c < put_share + read_share ? kRead : kLookup);
+    const uint64_t held0 = TimedMutex::HeldNanosOfThisThread(TimedMutex::Kind::kStore);
+    const uint64_t shard_held0 = TimedMutex::HeldNanosOfThisThread(TimedMutex::Kind::kIndexShard);
     const absl::Time t0 = absl::Now();
     if (op == kLookup) {
       auto r = store.Lookup(ns, run, absl::ZeroDuration());
@@ -119,7 +131,11 @@ void Worker(BlockStore& store, const NamespaceRef& ns, uint64_t seed, const std:
         if (!store.Commit(a->reservation_id, sums).ok()) ++out.put_failures;
       }
     }
-    out.us[op].push_back(absl::ToDoubleMicroseconds(absl::Now() - t0));
+    const absl::Duration took = absl::Now() - t0;
+    out.us[op].push_back(absl::ToDoubleMicroseconds(took));
+    out.op_ns[op] += static_cast<uint64_t>(absl::ToInt64Nanoseconds(took));
+    out.held_ns[op] += TimedMutex::HeldNanosOfThisThread(TimedMutex::Kind::kStore) - held0;
+    out.shard_held_ns[op] += TimedMutex::HeldNanosOfThisThread(TimedMutex::Kind::kIndexShard) - shard_held0;
   }
 }
 
@@ -169,6 +185,7 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "store_bench: bad --threads entry \"%s\"\n", std::string(t).c_str());
       return 2;
     }
+    TimedMutex::SetMeasuring(absl::GetFlag(FLAGS_lock_share));
     std::vector<ThreadResult> results(n);
     std::atomic<bool> stop{false};
     std::vector<std::thread> threads;
@@ -179,16 +196,26 @@ int main(int argc, char** argv) {
     absl::SleepFor(absl::Seconds(absl::GetFlag(FLAGS_seconds)));
     stop = true;
     for (auto& th : threads) th.join();
+    TimedMutex::SetMeasuring(false);
     const double elapsed_s = absl::ToDoubleSeconds(absl::Now() - start);
     nlohmann::json row = {{"threads", n}};
     uint64_t total = 0, hits = 0, asked = 0, failures = 0;
     for (int op = 0; op < kOps; ++op) {
       std::vector<double> all;
-      for (auto& r : results) all.insert(all.end(), r.us[op].begin(), r.us[op].end());
+      uint64_t op_ns = 0, held_ns = 0, shard_held_ns = 0;
+      for (auto& r : results) {
+        all.insert(all.end(), r.us[op].begin(), r.us[op].end());
+        op_ns += r.op_ns[op];
+        held_ns += r.held_ns[op];
+        shard_held_ns += r.shard_held_ns[op];
+      }
       total += all.size();
-      row[kOpNames[op]] = {{"ops_per_s", static_cast<double>(all.size()) / elapsed_s},
-                           {"p50_us", Percentile(all, 0.5)},
-                           {"p99_us", Percentile(all, 0.99)}};
+      row[kOpNames[op]] = {
+          {"ops_per_s", static_cast<double>(all.size()) / elapsed_s},
+          {"p50_us", Percentile(all, 0.5)},
+          {"p99_us", Percentile(all, 0.99)},
+          {"lock_share", op_ns > 0 ? static_cast<double>(held_ns) / static_cast<double>(op_ns) : 0},
+          {"shard_lock_share", op_ns > 0 ? static_cast<double>(shard_held_ns) / static_cast<double>(op_ns) : 0}};
     }
     for (auto& r : results) {
       hits += r.hits;
@@ -223,13 +250,15 @@ int main(int argc, char** argv) {
               static_cast<unsigned long long>(block), static_cast<unsigned long long>(absl::GetFlag(FLAGS_host_blocks)),
               static_cast<unsigned long long>(disk_blocks), static_cast<unsigned long long>(absl::GetFlag(FLAGS_keys)),
               absl::GetFlag(FLAGS_batch), std::thread::hardware_concurrency());
-  std::printf("%7s %10s %8s  %-28s %-28s %-28s\n", "threads", "ops/s", "x1 thr", "lookup ops/s p50/p99 us",
-              "read ops/s p50/p99 us", "put ops/s p50/p99 us");
+  std::printf("%7s %10s %8s  %-28s %-28s %-28s\n", "threads", "ops/s", "x1 thr", "lookup ops/s p50/p99 us lock",
+              "read ops/s p50/p99 us lock", "put ops/s p50/p99 us lock");
   for (const auto& r : rows) {
     auto cell = [&](const char* op) {
       return absl::StrCat(static_cast<int64_t>(r[op]["ops_per_s"].get<double>()), " ",
                           static_cast<int64_t>(r[op]["p50_us"].get<double>()), "/",
-                          static_cast<int64_t>(r[op]["p99_us"].get<double>()));
+                          static_cast<int64_t>(r[op]["p99_us"].get<double>()), " ",
+                          static_cast<int64_t>(r[op]["lock_share"].get<double>() * 100), "%+",
+                          static_cast<int64_t>(r[op]["shard_lock_share"].get<double>() * 100), "%");
     };
     std::printf("%7d %10.0f %8.2f  %-28s %-28s %-28s\n", r["threads"].get<int>(), r["ops_per_s"].get<double>(),
                 r["scaling_to_one_thread"].get<double>(), cell("lookup").c_str(), cell("read").c_str(),

@@ -7,6 +7,7 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
+#include "committed_index.h"
 #include "kvtier/common/checksum.h"
 #include "kvtier/common/log.h"
 #include "kvtier/common/status_macros.h"
@@ -38,7 +39,9 @@ absl::Status BlockStoreOptions::Validate() const {
 uint64_t TenantId(const std::string& tenant) { return BlockChecksum(tenant.data(), tenant.size()); }
 
 BlockStore::BlockStore(const BlockStoreOptions& options)
-    : options_(options), clock_(options.clock != nullptr ? options.clock : Clock::Real()) {}
+    : options_(options),
+      clock_(options.clock != nullptr ? options.clock : Clock::Real()),
+      committed_(std::make_unique<CommittedIndex>(options.index_shards)) {}
 
 BlockStore::~BlockStore() {
   if (!disk_writer_.joinable()) return;
@@ -105,7 +108,7 @@ absl::StatusOr<std::unique_ptr<BlockStore>> BlockStore::Create(const BlockStoreO
                  store->disk_->volume_bytes(), store->disk_->min_free_bytes(), store->disk_capacity_.load());
     }
     if (store->disk_->state() != DiskTierState::kOff) {
-      std::lock_guard<std::mutex> lock(store->mu_);
+      std::lock_guard lock(store->mu_);
       if (absl::Status s = store->RecoverDiskLocked(); !s.ok()) {
         KVTIER_LOG(err, "disk tier at {}: recovering its blocks failed: {}; serving from memory", options.disk_path,
                    std::string(s.message()));
@@ -119,7 +122,7 @@ absl::StatusOr<std::unique_ptr<BlockStore>> BlockStore::Create(const BlockStoreO
 uint64_t BlockStore::capacity_bytes() const { return allocator_->capacity_bytes(); }
 
 uint64_t BlockStore::used_bytes() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard lock(mu_);
   return allocator_->used_bytes();
 }
 
@@ -163,6 +166,7 @@ void BlockStore::EraseEntryLocked(EntryHandle h) {
     t->second -= std::min(t->second, e.size_bytes);
     if (t->second == 0) tenant_bytes_.erase(t);
   }
+  if (e.state == State::kCommitted) committed_->Erase(e.key);
   index_.erase(e.key);
   e = Entry{};
   free_entries_.push_back(h);
@@ -175,7 +179,23 @@ BlockStore::LookupResult BlockStore::Lookup(const NamespaceRef& ns, std::span<co
   std::vector<EntryHandle> leased;
   const bool want_lease = lease_ttl > absl::ZeroDuration();
   uint64_t hits = 0;
-  std::lock_guard<std::mutex> lock(mu_);
+  if (!want_lease) {
+    // The sharded index answers. The store's lock only to expire what is due, at most every
+    // kLookupExpiryInterval over all lookups (other calls expire too): under a steady stream of leases
+    // one is nearly always due, and lookups must not queue behind the lock for it.
+    const int64_t now = absl::ToUnixNanos(clock_->Now());
+    int64_t last = last_lookup_expiry_ns_.load(std::memory_order_relaxed);
+    if (now >= next_deadline_ns_.load(std::memory_order_relaxed) && now - last >= kLookupExpiryInterval.count() &&
+        last_lookup_expiry_ns_.compare_exchange_strong(last, now, std::memory_order_relaxed)) {
+      ExpireNow();
+    }
+    hits = committed_->Find(ns.id, ns.tenant_id, keys, result.present);
+    stats_.lookup_requests.fetch_add(1, std::memory_order_relaxed);
+    stats_.lookup_blocks_hit.fetch_add(hits, std::memory_order_relaxed);
+    stats_.lookup_blocks_miss.fetch_add(keys.size() - hits, std::memory_order_relaxed);
+    return result;
+  }
+  std::lock_guard lock(mu_);
   ExpireLocked(clock_->Now());
   if (want_lease) leased.assign(keys.size(), kNoEntry);
   for (size_t i = 0; i < keys.size(); ++i) {
@@ -237,7 +257,7 @@ absl::StatusOr<BlockStore::AllocateResult> BlockStore::Allocate(const NamespaceR
   result.outcomes.resize(keys.size(), AllocateOutcome::kNoSpace);
   result.ttl = options_.reservation_ttl;
   const uint64_t slot_bytes = allocator_->SlotBytes(ns.block_bytes);
-  std::unique_lock<std::mutex> lock(mu_);
+  std::unique_lock lock(mu_);
   if (disk_ != nullptr && spill_bytes_ > 0 &&
       allocator_->capacity_bytes() - allocator_->used_bytes() < keys.size() * slot_bytes) {
     // The blocks this put evicts will spill: when the disk writer is behind, wait a little for it
@@ -323,6 +343,7 @@ absl::StatusOr<BlockStore::AllocateResult> BlockStore::Allocate(const NamespaceR
     reservations_.emplace(reservation_id, std::move(r));
     reservation_tag_prefixes_.emplace(reservation_id.tag_prefix(), reservation_id);
     reservation_deadlines_.emplace(now + options_.reservation_ttl, reservation_id);
+    NoteDeadlineLocked(now + options_.reservation_ttl);
     stats_.active_reservations.fetch_add(1, std::memory_order_relaxed);
     result.reservation_id = reservation_id;
   }
@@ -333,7 +354,7 @@ absl::Status BlockStore::Write(const CapabilityId& reservation_id, uint32_t inde
                                std::span<const std::byte> data, IdHolder holder) {
   std::byte* dst = nullptr;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::lock_guard lock(mu_);
     ExpireLocked(clock_->Now());
     Reservation* found = FindReservationLocked(reservation_id, holder);
     if (found == nullptr) return UnknownReservationError();
@@ -358,7 +379,7 @@ absl::Status BlockStore::Write(const CapabilityId& reservation_id, uint32_t inde
     ++r.pins;
   }
   if (!data.empty()) std::memcpy(dst, data.data(), data.size());
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard lock(mu_);
   auto it = reservations_.find(reservation_id);
   Reservation& r = it->second;  // pinned, so still present
   if (--r.pins == 0 && r.dead) {
@@ -373,7 +394,7 @@ absl::StatusOr<std::vector<CommitOutcome>> BlockStore::Commit(const CapabilityId
   std::vector<std::pair<const std::byte*, uint64_t>> blocks;  // (data, size) of complete blocks
   std::vector<CommitOutcome> outcomes;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::lock_guard lock(mu_);
     ExpireLocked(clock_->Now());
     Reservation* found = FindReservationLocked(reservation_id, holder);
     if (found == nullptr) return UnknownReservationError();
@@ -401,7 +422,7 @@ absl::StatusOr<std::vector<CommitOutcome>> BlockStore::Commit(const CapabilityId
   for (size_t i = 0; i < blocks.size(); ++i) {
     if (blocks[i].first != nullptr) actual[i] = BlockChecksum(blocks[i].first, blocks[i].second);
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard lock(mu_);
   auto it = reservations_.find(reservation_id);
   Reservation& r = it->second;
   for (size_t i = 0; i < r.entries.size(); ++i) {
@@ -427,6 +448,7 @@ absl::StatusOr<std::vector<CommitOutcome>> BlockStore::Commit(const CapabilityId
     e.checksum = actual[i];
     e.reservation_id = CapabilityId();
     e.access_count = 1;
+    committed_->Insert(e.key, e.namespace_id, e.tenant_id);
     policy_->OnInsert(h, AccessOf(e));
     outcomes[i] = CommitOutcome::kCommitted;
     if (sink_ != nullptr) sink_->OnStored(EventInfoOf(e));
@@ -441,7 +463,7 @@ absl::StatusOr<std::vector<CommitOutcome>> BlockStore::Commit(const CapabilityId
 }
 
 void BlockStore::Abort(const CapabilityId& reservation_id, IdHolder holder) {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard lock(mu_);
   if (FindReservationLocked(reservation_id, holder) == nullptr) return;
   auto it = reservations_.find(reservation_id);
   if (it->second.pins > 0) {
@@ -459,7 +481,7 @@ BlockStore::ReadLease BlockStore::AcquireRead(const NamespaceRef& ns, std::span<
   std::vector<std::shared_ptr<const std::vector<std::byte>>> owned(keys.size());
   uint64_t hits = 0, bytes = 0, owned_bytes = 0;
   uint32_t refused_buffer = 0;
-  std::unique_lock<std::mutex> lock(mu_);
+  std::unique_lock lock(mu_);
   ExpireLocked(clock_->Now());
   // Pin every present block first, so that promoting one disk block cannot evict another of this read.
   std::vector<EntryHandle> leased = PinCommittedLocked(ns, keys, &result.refused_pinned);
@@ -527,7 +549,7 @@ absl::StatusOr<BlockStore::HbmLease> BlockStore::AcquireHbmRead(const NamespaceR
   HbmLease result;
   result.blocks.resize(keys.size());
   uint64_t hits = 0, bytes = 0;
-  std::unique_lock<std::mutex> lock(mu_);
+  std::unique_lock lock(mu_);
   ExpireLocked(clock_->Now());
   // Pin first, so that bringing one block up cannot evict another of this request.
   std::vector<EntryHandle> leased = PinCommittedLocked(ns, keys, &result.refused_pinned);

@@ -36,7 +36,7 @@ bool BlockStore::Matches(const Entry& e, const BlockFilter& f) {
 std::pair<std::vector<BlockStore::BlockInfo>, uint64_t> BlockStore::ListBlocks(const BlockFilter& filter,
                                                                                uint64_t cursor, size_t limit) const {
   std::vector<BlockInfo> out;
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard lock(mu_);
   uint64_t h = cursor;
   for (; h < entries_.size() && out.size() < limit; ++h) {
     if (Matches(entries_[h], filter)) out.push_back(InfoOf(entries_[h]));
@@ -46,7 +46,7 @@ std::pair<std::vector<BlockStore::BlockInfo>, uint64_t> BlockStore::ListBlocks(c
 }
 
 std::optional<BlockStore::BlockInfo> BlockStore::Inspect(const BlockKey& key) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard lock(mu_);
   auto it = index_.find(key);
   if (it == index_.end() || entries_[it->second].state != State::kCommitted) return std::nullopt;
   return InfoOf(entries_[it->second]);
@@ -54,7 +54,7 @@ std::optional<BlockStore::BlockInfo> BlockStore::Inspect(const BlockKey& key) co
 
 std::pair<uint64_t, uint64_t> BlockStore::Evict(const BlockFilter& filter) {
   uint64_t evicted = 0, leased = 0;
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard lock(mu_);
   // Everything: one AllBlocksCleared (and the leased survivors restated) rather than a removal per block.
   sink_muted_ = !filter.namespace_id && !filter.tenant_id && !filter.tier;
   for (EntryHandle h = 0; h < entries_.size(); ++h) {
@@ -75,7 +75,7 @@ std::pair<uint64_t, uint64_t> BlockStore::Evict(const BlockFilter& filter) {
 }
 
 bool BlockStore::EvictKey(const BlockKey& key) {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard lock(mu_);
   auto it = index_.find(key);
   if (it == index_.end()) return false;
   const Entry& e = entries_[it->second];
@@ -88,14 +88,14 @@ BlockStore::VerifyResult BlockStore::Verify(const std::function<void(uint64_t, u
   VerifyResult result;
   std::vector<BlockKey> keys;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::lock_guard lock(mu_);
     for (const Entry& e : entries_) {
       if (e.state == State::kCommitted) keys.push_back(e.key);
     }
   }
   std::vector<std::byte> buffer;
   for (const BlockKey& key : keys) {
-    std::unique_lock<std::mutex> lock(mu_);
+    std::unique_lock lock(mu_);
     auto it = index_.find(key);
     if (it == index_.end() || entries_[it->second].state != State::kCommitted) continue;  // gone meanwhile
     const EntryHandle h = it->second;
@@ -141,14 +141,14 @@ BlockStore::VerifyResult BlockStore::Verify(const std::function<void(uint64_t, u
 void BlockStore::SetDraining(bool draining) { draining_.store(draining, std::memory_order_relaxed); }
 
 void BlockStore::SetEventSink(BlockEventSink* sink) {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard lock(mu_);
   sink_ = sink;
   RestateToSinkLocked();
 }
 
 std::vector<EventBlockInfo> BlockStore::SnapshotForEvents(const std::function<void()>& at_cut) const {
   std::vector<EventBlockInfo> out;
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard lock(mu_);
   out.reserve(index_.size());
   for (const Entry& e : entries_) {
     if (e.state == State::kCommitted) out.push_back(EventInfoOf(e));
@@ -176,7 +176,7 @@ void BlockStore::RestateToSinkLocked() {
 }
 
 std::optional<Tier> BlockStore::TierOfForTest(const BlockKey& key) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard lock(mu_);
   auto it = index_.find(key);
   if (it == index_.end() || entries_[it->second].state != State::kCommitted) return std::nullopt;
   return entries_[it->second].tier;
@@ -184,7 +184,7 @@ std::optional<Tier> BlockStore::TierOfForTest(const BlockKey& key) const {
 
 absl::Status BlockStore::CorruptBlockForTest(const BlockKey& key, uint64_t offset) {
   WaitForDiskWrites();  // a disk block's record exists once its write ran
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard lock(mu_);
   auto it = index_.find(key);
   if (it == index_.end() || entries_[it->second].state != State::kCommitted) {
     return absl::NotFoundError("block is not stored");

@@ -8,6 +8,7 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
+#include "committed_index.h"
 #include "kvtier/common/checksum.h"
 #include "kvtier/common/log.h"
 #include "kvtier/common/status_macros.h"
@@ -47,7 +48,7 @@ void BlockStore::ProbeDisk() {
   // The probe (statvfs, a flush, a resume or reopen) runs without the store's lock.
   disk_->NoteLogicalBytes(stats_.disk_bytes.load(std::memory_order_relaxed));  // 0 included: all garbage
   const bool reopened = disk_->Probe();
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard lock(mu_);
   // The volume may have been resized: the budget follows it.
   if (const uint64_t budget = DiskBudget(); budget != disk_capacity_.load(std::memory_order_relaxed)) {
     KVTIER_LOG(warn, "disk tier at {}: the disk budget in force is now {} bytes (was {}; the volume is {} bytes)",
@@ -109,6 +110,7 @@ EntryHandle BlockStore::IndexDiskRecordLocked(const BlockKey& key, const DiskBlo
   e.tier = Tier::kDisk;
   e.inserted_ns = e.last_access_ns = absl::ToUnixNanos(clock_->Now());
   index_.emplace(key, h);
+  committed_->Insert(key, e.namespace_id, e.tenant_id);
   tenant_bytes_[e.tenant_id] += e.size_bytes;
   disk_policy_->OnInsert(h, AccessOf(e));
   stats_.disk_blocks.fetch_add(1, std::memory_order_relaxed);
@@ -269,7 +271,7 @@ void BlockStore::RunDiskWrite(const DiskOp& op) {
     spill_done_cv_.notify_all();
   };
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::lock_guard lock(mu_);
     auto it = index_.find(op.key);
     if (it == index_.end() || entries_[it->second].in_transit != op.bytes) {
       done();  // dropped or moved back up meanwhile: nothing to write
@@ -278,7 +280,7 @@ void BlockStore::RunDiskWrite(const DiskOp& op) {
   }
   disk_->NoteLogicalBytes(stats_.disk_bytes.load(std::memory_order_relaxed));
   const absl::Status put = disk_->Put(op.key, *op.meta, *op.bytes);
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard lock(mu_);
   done();
   auto it = index_.find(op.key);
   // Dropped or moved up while it was written: its delete is queued behind this write.
@@ -321,7 +323,7 @@ void BlockStore::SwitchDiskToHostLocked(EntryHandle h, SlotRef slot) {
   stats_.promotions.fetch_add(1, std::memory_order_relaxed);
 }
 
-void BlockStore::LoadDiskBlocks(std::unique_lock<std::mutex>& lock, std::vector<EntryHandle>& leased,
+void BlockStore::LoadDiskBlocks(std::unique_lock<TimedMutex>& lock, std::vector<EntryHandle>& leased,
                                 std::vector<std::shared_ptr<const std::vector<std::byte>>>* owned,
                                 uint64_t* owned_bytes, uint32_t* refused_buffer) {
   struct Read {

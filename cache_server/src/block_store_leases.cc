@@ -55,6 +55,7 @@ CapabilityId BlockStore::NewLeaseLocked(std::vector<EntryHandle> entries, absl::
   const absl::Time expiry = clock_->Now() + ttl;
   leases_.emplace(id, Lease{.entries = std::move(entries), .expiry = expiry, .tenant_id = tenant_id});
   lease_deadlines_.emplace(expiry, id);
+  NoteDeadlineLocked(expiry);
   stats_.active_leases.fetch_add(1, std::memory_order_relaxed);
   return id;
 }
@@ -102,10 +103,19 @@ void BlockStore::ExpireLocked(absl::Time now) {
     EndReservationLocked(it->second);
     EraseReservationLocked(it);
   }
+  int64_t next = INT64_MAX;
+  if (!lease_deadlines_.empty()) next = absl::ToUnixNanos(lease_deadlines_.top().first);
+  if (!reservation_deadlines_.empty()) next = std::min(next, absl::ToUnixNanos(reservation_deadlines_.top().first));
+  next_deadline_ns_.store(next, std::memory_order_relaxed);
+}
+
+void BlockStore::NoteDeadlineLocked(absl::Time deadline) {
+  const int64_t ns = absl::ToUnixNanos(deadline);
+  if (ns < next_deadline_ns_.load(std::memory_order_relaxed)) next_deadline_ns_.store(ns, std::memory_order_relaxed);
 }
 
 void BlockStore::ExpireNow() {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard lock(mu_);
   ExpireLocked(clock_->Now());
 }
 
@@ -192,7 +202,7 @@ uint64_t BlockStore::TenantPinnedBoundLocked(uint64_t tenant_id) const {
 }
 
 uint64_t BlockStore::TenantPinnedBytes(uint64_t tenant_id) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard lock(mu_);
   const auto t = tenant_pinned_bytes_.find(tenant_id);
   return t == tenant_pinned_bytes_.end() ? 0 : t->second;
 }
@@ -201,7 +211,7 @@ uint64_t BlockStore::TenantPinnedBound(uint64_t tenant_id) const { return Tenant
 
 uint32_t BlockStore::Release(std::span<const CapabilityId> lease_ids, IdHolder holder) {
   uint32_t released = 0;
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard lock(mu_);
   for (const CapabilityId& id : lease_ids) {
     Lease* lease = FindLeaseLocked(id, holder);
     if (lease == nullptr) continue;
@@ -213,34 +223,34 @@ uint32_t BlockStore::Release(std::span<const CapabilityId> lease_ids, IdHolder h
 }
 
 std::optional<uint64_t> BlockStore::ReservationTenant(const CapabilityId& reservation_id) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard lock(mu_);
   auto it = reservations_.find(reservation_id);
   if (it == reservations_.end() || it->second.dead) return std::nullopt;
   return it->second.tenant_id;
 }
 
 std::optional<uint64_t> BlockStore::LeaseTenant(const CapabilityId& lease_id) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard lock(mu_);
   auto it = leases_.find(lease_id);
   if (it == leases_.end() || it->second.dead) return std::nullopt;
   return it->second.tenant_id;
 }
 
 bool BlockStore::PutTagFreeFor(const CapabilityId& reservation_id) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard lock(mu_);
   auto it = reservation_tag_prefixes_.find(reservation_id.tag_prefix());
   return it == reservation_tag_prefixes_.end() || it->second == reservation_id;
 }
 
 uint64_t BlockStore::TenantBytes(uint64_t tenant_id) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard lock(mu_);
   auto it = tenant_bytes_.find(tenant_id);
   return it == tenant_bytes_.end() ? 0 : it->second;
 }
 
 absl::StatusOr<BlockStore::PinnedBlock> BlockStore::PinForSend(const CapabilityId& lease_id, uint32_t index,
                                                                IdHolder holder) {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard lock(mu_);
   ExpireLocked(clock_->Now());
   Lease* found = FindLeaseLocked(lease_id, holder);
   if (found == nullptr) return UnknownLeaseError();
@@ -265,7 +275,7 @@ absl::StatusOr<BlockStore::PinnedBlock> BlockStore::PinForSend(const CapabilityI
 }
 
 void BlockStore::Unpin(const CapabilityId& lease_id, uint32_t /*index*/) {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard lock(mu_);
   auto it = leases_.find(lease_id);
   if (it == leases_.end() || it->second.pins == 0) return;  // not pinned: a caller bug, ignored
   Lease& lease = it->second;
@@ -277,7 +287,7 @@ void BlockStore::Unpin(const CapabilityId& lease_id, uint32_t /*index*/) {
 
 absl::StatusOr<BlockStore::PinnedBlock> BlockStore::PinForReceive(const CapabilityId& reservation_id, uint32_t index,
                                                                   IdHolder holder) {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard lock(mu_);
   ExpireLocked(clock_->Now());
   Reservation* found = FindReservationLocked(reservation_id, holder);
   if (found == nullptr) return UnknownReservationError();
@@ -297,7 +307,7 @@ absl::StatusOr<BlockStore::PinnedBlock> BlockStore::PinForReceive(const Capabili
 
 void BlockStore::FinishReceive(const CapabilityId& reservation_id, uint32_t index, uint64_t bytes, bool ok,
                                std::optional<uint64_t> checksum) {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard lock(mu_);
   auto it = reservations_.find(reservation_id);
   if (it == reservations_.end()) return;
   Reservation& r = it->second;

@@ -160,7 +160,7 @@ bool BlockStore::EvictOneLocked(uint64_t slot_bytes) {
 
 std::pair<uint64_t, uint64_t> BlockStore::Defragment() {
   uint64_t moved = 0, freed = 0;
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard lock(mu_);
   for (const uint64_t slot_bytes : allocator_->SlotClasses()) {
     const std::optional<uint32_t> slab = allocator_->EvacuationCandidate(slot_bytes);
     if (!slab.has_value()) continue;

@@ -258,6 +258,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
                                    .disk_flush_interval = options.disk_flush_interval,
                                    .promote_on_hit = options.promote_on_hit,
                                    .spill_buffer_bytes = options.disk_spill_buffer_bytes,
+                                   .index_shards = options.index_shards,
                                    .hbm_memory = hbm,
                                    .hbm_promote_on_hit = options.hbm_promote_on_hit,
                                    .tenant_quota_bytes = std::move(quotas)});

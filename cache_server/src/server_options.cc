@@ -260,7 +260,8 @@ const std::map<std::string, std::map<std::string, Setter>>& Schema() {
       {"host_tier",
        {{"capacity_bytes", Bytes(&ServerOptions::host_cache_bytes)},
         {"slab_bytes", Bytes(&ServerOptions::slab_bytes)},
-        {"defrag_interval", Duration(&ServerOptions::defrag_interval)}}},
+        {"defrag_interval", Duration(&ServerOptions::defrag_interval)},
+        {"index_shards", Count(&ServerOptions::index_shards)}}},
       {"hbm_tier",
        {{"memory_ratio", Double(&ServerOptions::hbm_memory_ratio)},
         {"max_bytes", Bytes(&ServerOptions::hbm_max_bytes)},
@@ -443,6 +444,7 @@ absl::Status ServerOptions::Validate() const {
   }
   if (!finite_positive(expiry_interval)) return Bad("leases.expiry_interval", "must be > 0 and finite");
   if (defrag_interval < absl::ZeroDuration()) return Bad("host_tier.defrag_interval", "must be >= 0 (0 = off)");
+  if (index_shards < 1 || index_shards > 65536) return Bad("host_tier.index_shards", "must be in [1, 65536]");
   if (!health_address.empty() && !ValidHostPort(health_address)) {
     return Bad("server.health_address", "must be host:port or empty");
   }

@@ -29,9 +29,11 @@
 #include "kvtier/server/device_tier_memory.h"
 #include "kvtier/server/eviction_policy.h"
 #include "kvtier/server/slab_allocator.h"
+#include "kvtier/server/timed_mutex.h"
 
 namespace kvtier::server {
 
+class CommittedIndex;  // src/committed_index.h
 class DiskTier;        // src/storage/disk_tier.h
 struct DiskBlockMeta;  // src/storage/disk_tier.h
 
@@ -88,6 +90,10 @@ struct BlockStoreOptions {
   // block). An Allocate whose evictions would spill past it first waits (at most 500 ms, the store's
   // lock released) for the writer to catch up.
   uint64_t spill_buffer_bytes = 0;
+  // Shards of the committed-block index that Lookup without a lease reads: each its own lock, so such
+  // lookups of different blocks neither serialize on one lock nor wait for the store's lock (held by
+  // puts, evictions and leases). Default 64; 0 is taken as 1.
+  uint32_t index_shards = 64;
   // HBM tier above host memory: its device memory (shared so a transport may keep it alive); null = no
   // HBM tier. Slots are carved from it by slab_bytes, like the host tier's.
   std::shared_ptr<DeviceTierMemory> hbm_memory;
@@ -253,7 +259,9 @@ class BlockStore {
 
   // For each key: committed in `ns` (same namespace id and tenant)? Takes no lease unless lease_ttl > 0
   // (capped at max_lease_ttl), in which case the present blocks are leased under the returned id (null when
-  // none were present). Does not count as an access.
+  // none were present). Does not count as an access. Without a lease it reads only the sharded committed
+  // index (BlockStoreOptions::index_shards), taking the store's lock only to expire leases and
+  // reservations that are due (at most every 10 ms over all lookups).
   // A present block that would take its tenant past its pinned-bytes bound (tenant_pinned_share) is
   // answered absent when lease_ttl > 0, and counted in refused_pinned.
   struct LookupResult {
@@ -582,7 +590,7 @@ class BlockStore {
   // buffers have room, its bytes go to (*owned)[i] (added to lease_buffer_used_ and *owned_bytes); else it
   // is unpinned and leased[i] becomes kNoEntry (counted in *refused_buffer when `owned` was given). A
   // block that cannot be read, or fails its checksum, is unpinned, dropped when unleased, never served.
-  void LoadDiskBlocks(std::unique_lock<std::mutex>& lock, std::vector<EntryHandle>& leased,
+  void LoadDiskBlocks(std::unique_lock<TimedMutex>& lock, std::vector<EntryHandle>& leased,
                       std::vector<std::shared_ptr<const std::vector<std::byte>>>* owned, uint64_t* owned_bytes,
                       uint32_t* refused_buffer);
   // Moves disk entry `h` (its bytes now at `slot` of host memory, verified) up to host memory; the disk
@@ -630,6 +638,8 @@ class BlockStore {
   // Copies an HBM block to `out` (resized) and verifies its checksum. False on a failed copy or checksum.
   bool ReadHbmLocked(const Entry& e, std::vector<std::byte>* out);
   void ExpireLocked(absl::Time now);
+  // Lowers next_deadline_ns_ to `deadline` when earlier. Requires mu_.
+  void NoteDeadlineLocked(absl::Time deadline);
   void EndLeaseLocked(const CapabilityId& lease_id, Lease& lease);
   // Erases reservation `it` from reservations_ (and its tag prefix).
   void EraseReservationLocked(absl::flat_hash_map<CapabilityId, Reservation>::iterator it);
@@ -675,11 +685,19 @@ class BlockStore {
   std::unique_ptr<EvictionPolicy> hbm_policy_;    // HBM entries
   BlockStoreStats stats_;
 
-  mutable std::mutex mu_;                             // std::mutex so ThreadSanitizer sees it (HOUSE_STYLE §8)
-  absl::flat_hash_map<BlockKey, EntryHandle> index_;  // guarded by mu_
-  std::vector<Entry> entries_;                        // guarded by mu_
-  std::vector<EntryHandle> free_entries_;             // guarded by mu_
-  absl::flat_hash_map<CapabilityId, Lease> leases_;   // guarded by mu_
+  mutable TimedMutex mu_;  // a std::mutex (ThreadSanitizer sees it, HOUSE_STYLE §8) that can time its holds
+  // The committed entries of index_, sharded (Lookup without a lease); written under mu_.
+  std::unique_ptr<CommittedIndex> committed_;
+  // The earliest lease or reservation deadline (unix ns; INT64_MAX: none), so that a lookup without a
+  // lease takes mu_ only when one is due. Written under mu_; may be early (a stale heap top), never late.
+  std::atomic<int64_t> next_deadline_ns_{INT64_MAX};
+  // When a lookup without a lease last expired (unix ns); such lookups expire at most this often.
+  std::atomic<int64_t> last_lookup_expiry_ns_{INT64_MIN / 2};
+  static constexpr std::chrono::nanoseconds kLookupExpiryInterval = std::chrono::milliseconds(10);
+  absl::flat_hash_map<BlockKey, EntryHandle> index_;             // guarded by mu_
+  std::vector<Entry> entries_;                                   // guarded by mu_
+  std::vector<EntryHandle> free_entries_;                        // guarded by mu_
+  absl::flat_hash_map<CapabilityId, Lease> leases_;              // guarded by mu_
   absl::flat_hash_map<CapabilityId, Reservation> reservations_;  // guarded by mu_
   // tag_prefix() of every reservation in reservations_ -> its id; guarded by mu_.
   absl::flat_hash_map<uint64_t, CapabilityId> reservation_tag_prefixes_;
@@ -700,7 +718,7 @@ class BlockStore {
   uint64_t spill_bytes_ = 0;  // guarded by mu_: bytes of every Entry::in_transit the writer has not finished
   // Allocate waits on it (with mu_) while the disk writer is behind; the writer notifies it as it
   // finishes a write. Allocate waits at most kSpillWait.
-  std::condition_variable spill_done_cv_;
+  std::condition_variable_any spill_done_cv_;
   static constexpr std::chrono::milliseconds kSpillWait{500};
 
   // Lock order: mu_ before disk_queue_mu_; the writer holds neither while it does disk I/O.

@@ -39,9 +39,12 @@ struct ServerOptions {
   uint64_t host_cache_bytes = 1ULL << 30;               // Default: 1 GiB of host memory for blocks
   uint64_t slab_bytes = 64ULL << 20;                    // Default: 64 MiB; also the largest block accepted
   absl::Duration defrag_interval = absl::Seconds(300);  // host-tier compaction (DESIGN.md §8); 0 = off
-  std::string disk_path;                                // RocksDB directory of the disk tier; empty = none
-  uint64_t disk_capacity_bytes = 0;                     // budget on logical bytes on disk (docs/config.md)
-  bool promote_on_hit = true;                           // a hit on disk moves the block back to host memory
+  // Shards of the committed-block index that lookups without a lease read (BlockStoreOptions::index_shards);
+  // 1..65536, default 64.
+  uint32_t index_shards = 64;
+  std::string disk_path;             // RocksDB directory of the disk tier; empty = none
+  uint64_t disk_capacity_bytes = 0;  // budget on logical bytes on disk (docs/config.md)
+  bool promote_on_hit = true;        // a hit on disk moves the block back to host memory
   // The most bytes of blocks waiting for the disk writer (BlockStoreOptions::spill_buffer_bytes); 0 =
   // max(host capacity / 8, 64 MiB, one largest block).
   uint64_t disk_spill_buffer_bytes = 0;
