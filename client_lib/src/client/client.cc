@@ -216,7 +216,10 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   impl->ucx = std::make_unique<UcxEndpoints>(impl->options, impl->transport_mode, security, impl->stats);
   impl->membership = std::make_unique<Membership>(impl->options, impl->stats, std::move(channel_args), security,
                                                   *std::move(credentials));
-  impl->data_path = std::make_unique<DataPath>(impl->options, impl->transport_mode, impl->stats, *impl->ucx);
+  const BlockPathFactoryMaker test_paths = BlockPathFactoryForTest();
+  impl->data_path = std::make_unique<DataPath>(
+      impl->options, impl->transport_mode, impl->stats,
+      test_paths ? test_paths() : MakeBlockPathFactory(impl->options, impl->stats, *impl->ucx));
   Membership& membership = *impl->membership;
   std::vector<std::shared_ptr<Member>> members;
   absl::flat_hash_set<std::string> addresses;
@@ -271,7 +274,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
     Impl& im = *impl;
     const std::shared_ptr<const RingView> view = im.View();
     Impl::ForEachParallel(view->owners.size(), [&](size_t r) {
-      (void)im.ucx->Endpoint(*view->owners[r], absl::Now() + im.options.rpc_timeout);
+      im.data_path->WarmUp(*view->owners[r], absl::Now() + im.options.rpc_timeout);
     });
   }
   const bool replicates =
