@@ -25,11 +25,13 @@ std::string UcxTarget(const std::string& grpc_address, const v1::GetInfoResponse
 }  // namespace
 
 UcxClient* UcxEndpoints::client() {
+  if (UcxClient* created = created_.load(std::memory_order_acquire); created != nullptr) return created;
   std::lock_guard<std::mutex> lock(ucx_mu_);
   if (ucx_ == nullptr && !ucx_failed_) {
     auto created = UcxClient::Create(options_.ucx_transports, options_.ucx_get_lanes);
     if (created.ok()) {
       ucx_ = std::move(created).value();
+      created_.store(ucx_.get(), std::memory_order_release);
     } else {
       ucx_failed_ = true;
     }

@@ -4,6 +4,7 @@
 #ifndef KVTIER_CLIENT_SRC_CLIENT_UCX_ENDPOINTS_H_
 #define KVTIER_CLIENT_SRC_CLIENT_UCX_ENDPOINTS_H_
 
+#include <atomic>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -48,8 +49,9 @@ class UcxEndpoints {
   const wire::ChannelSecurity security_;
   ClientStats& stats_;
   std::mutex ucx_mu_;
-  std::unique_ptr<UcxClient> ucx_;  // guarded by ucx_mu_ until created; created once, on first need
-  bool ucx_failed_ = false;         // guarded by ucx_mu_: UCX could not start here
+  std::unique_ptr<UcxClient> ucx_;            // guarded by ucx_mu_ until created; created once, on first need
+  bool ucx_failed_ = false;                   // guarded by ucx_mu_: UCX could not start here
+  std::atomic<UcxClient*> created_{nullptr};  // ucx_ once created: the data path reads it without ucx_mu_
 };
 
 }  // namespace kvtier::client
