@@ -1,12 +1,8 @@
-#include "transport/ucx_server.h"
+#include "kvtier/ucx/ucx_server.h"
 
 #include <arpa/inet.h>
-#include <netdb.h>
-#include <poll.h>
-#include <sys/eventfd.h>
 #include <sys/random.h>
 #include <sys/resource.h>
-#include <unistd.h>
 
 #include <ucp/api/ucp.h>
 #include <ucs/config/global_opts.h>
@@ -29,21 +25,16 @@
 #include "absl/strings/str_cat.h"
 #include "kvtier/common/checksum.h"
 #include "kvtier/common/log.h"
-#include "kvtier/server/block_store.h"
-#include "kvtier/wire/ucx_log.h"
-#include "kvtier/wire/ucx_messages.h"
-#include "server_metrics.h"
-#include "transport/ucx_pending_connections.h"
-#include "transport/ucx_sessions.h"
+#include "kvtier/ucx/ucx_messages.h"
+#include "kvtier/ucx/ucx_pending_connections.h"
+#include "kvtier/v1/cache.pb.h"
+#include "ucx_control_calls.h"
+#include "ucx_worker.h"
 
-namespace kvtier::server {
+namespace kvtier::ucx {
 namespace {
 
-namespace msg = wire::ucx;
-using Direction = ServerMetrics::Direction;
-using Transport = ServerMetrics::Transport;
-
-constexpr ucp_tag_t kFullMask = ~ucp_tag_t{0};
+using Direction = TransferDirection;
 // Bytes of one get request's sends in flight at once (at least one block); see StartGet.
 constexpr uint64_t kSendWindowBytes = 8ULL << 20;
 constexpr absl::Duration kSweepInterval = absl::Milliseconds(100);
@@ -51,15 +42,11 @@ constexpr absl::Duration kSweepInterval = absl::Milliseconds(100);
 // (see MaintenanceIfDue); at most transfer_timeout.
 constexpr absl::Duration kAbandonGrace = absl::Milliseconds(250);
 constexpr absl::Duration kShutdownDrain = absl::Seconds(2);
-constexpr int kIdleSpins = 256;  // progress calls with nothing done before the thread sleeps in poll()
 // How long a refused endpoint stays open for its kHelloReply (with kRefused) to get out.
 constexpr absl::Duration kRefusedLinger = absl::Milliseconds(500);
 // With tickets required: an endpoint that has not proven one this long after it connected is closed,
 // so that peers that connect and stay silent cannot hold endpoints open.
 constexpr absl::Duration kHelloTimeout = absl::Seconds(10);
-// Control calls (kLease, kAllocate, kCommit) waiting for a call thread, at most; beyond, a call is
-// answered RESOURCE_EXHAUSTED at once, so that a peer sending calls in a loop cannot grow the queue.
-constexpr size_t kMaxQueuedCalls = 4096;
 // How often the listener's pending connections are swept (PendingConnectionReaper).
 constexpr absl::Duration kPendingSweepInterval = absl::Seconds(1);
 // UCX's async handler slots (UCX_ASYNC_MAX_EVENTS, 1024 by default): one per connection of its
@@ -87,27 +74,6 @@ void RaiseUcxAsyncEvents() {
   (void)ucs_global_opts_set_value("ASYNC_MAX_EVENTS", std::to_string(want).c_str());
 }
 
-absl::StatusOr<sockaddr_storage> ResolveIpv4(const std::string& host_port) {
-  const size_t colon = host_port.rfind(':');
-  int port = 0;
-  if (colon == std::string::npos || !absl::SimpleAtoi(host_port.substr(colon + 1), &port) || port < 0 || port > 65535) {
-    return absl::InvalidArgumentError(absl::StrCat("ucx.listen_address: \"", host_port, "\" is not host:port"));
-  }
-  std::string host = host_port.substr(0, colon);
-  if (host.empty() || host == "*") host = "0.0.0.0";
-  addrinfo hints{};
-  hints.ai_family = AF_INET;
-  addrinfo* res = nullptr;
-  if (getaddrinfo(host.c_str(), nullptr, &hints, &res) != 0 || res == nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat("ucx.listen_address: cannot resolve \"", host, "\""));
-  }
-  sockaddr_storage ss{};
-  std::memcpy(&ss, res->ai_addr, res->ai_addrlen);
-  freeaddrinfo(res);
-  reinterpret_cast<sockaddr_in*>(&ss)->sin_port = htons(static_cast<uint16_t>(port));
-  return ss;
-}
-
 }  // namespace
 
 struct UcxServer::Impl {
@@ -116,9 +82,9 @@ struct UcxServer::Impl {
   // One kGet or kPut request of a client.
   struct Batch {
     bool is_put = false;
-    // The endpoint's tenant (kAnyTenant: an admin, or a server without tickets): the store answers an id
-    // of another tenant exactly as an unknown one, so nothing of it is pinned, sent or received.
-    IdHolder holder = kAnyTenant;
+    // The endpoint's principal (an admin on a server without tickets): the source answers an id of
+    // another tenant exactly as an unknown one, so nothing of it is pinned, sent or received.
+    Principal who;
     uint64_t request_id = 0;
     CapabilityId id;  // lease id (get) or reservation id (put)
     uint32_t flags = 0;
@@ -152,17 +118,14 @@ struct UcxServer::Impl {
   };
 
   UcxServerOptions options;
-  BlockStore* store = nullptr;
-  ServerMetrics* metrics = nullptr;
+  HostBlockSource* source = nullptr;
 
-  ucp_context_h context = nullptr;
-  ucp_worker_h worker = nullptr;
+  std::shared_ptr<UcxContext> context;  // outlives `worker` (memh is unmapped after it is destroyed)
+  std::unique_ptr<UcxWorker> worker;
   ucp_listener_h listener = nullptr;
   ucp_mem_h memh = nullptr;
   std::byte* region = nullptr;
   uint64_t region_bytes = 0;
-  int worker_fd = -1;
-  int wake_fd = -1;
   int port = 0;
 
   std::thread thread;
@@ -175,7 +138,6 @@ struct UcxServer::Impl {
   EpId next_ep = 1;
   absl::flat_hash_set<Op*> inflight;
   absl::flat_hash_set<Op*> abandoned;                  // freed when UCX completes them, or at Destroy
-  std::vector<void*> closing;                          // ucp_ep_close_nbx requests not yet complete
   std::vector<EpId> to_close;                          // endpoints reported failed by UCX
   std::vector<std::pair<Op*, ucs_status_t>> deferred;  // completed when posted; see Track
   absl::Time next_sweep;
@@ -192,102 +154,49 @@ struct UcxServer::Impl {
   // endpoint's connection, admitted to the reaper until the endpoint closes.
   std::optional<PendingConnectionReaper> reaper;
 
-  // Control calls run on call threads, not on the progress thread: they take the store's lock, which
-  // may wait on the disk (an Allocate that spills, a Lease that loads), while the progress thread moves
-  // every client's bytes. A call thread answers by queueing its reply, which the progress thread sends.
-  struct CallJob {
-    EpId ep = 0;
-    uint16_t reply_id = 0;
-    uint64_t request_id = 0;
-    const UcxServerOptions::Handler* fn = nullptr;  // one of `options`' handlers
-    Principal who;
-    std::string payload;
-  };
-  struct CallReply {
-    EpId ep = 0;
-    uint16_t reply_id = 0;
-    std::string bytes;
-  };
-  std::mutex calls_mu;
-  std::condition_variable calls_cv;
-  std::deque<CallJob> calls;            // guarded by calls_mu
-  std::vector<CallReply> call_replies;  // guarded by calls_mu
-  bool calls_stop = false;              // guarded by calls_mu
-  std::atomic<bool> replies_ready{false};
-  std::vector<std::thread> call_threads;
+  std::optional<UcxControlCalls> calls;  // started after Init
   absl::flat_hash_map<EpId, std::string> peer_of;
   absl::Time next_pending_sweep;
-
-  ~Impl() {
-    if (wake_fd >= 0) close(wake_fd);
-  }
 
   // ---- setup ----
 
   absl::Status Init() {
-    wire::ucx::InstallCmaFailureHandler();  // should a cma copy with a client that died fail here too
     RaiseUcxAsyncEvents();
     reaper.emplace(PendingConnectionReaper::Options{.timeout = options.pending_connection_timeout,
                                                     .max_per_host = options.max_pending_connections_per_host});
-    auto addr = ResolveIpv4(options.listen_address);
-    if (!addr.ok()) return addr.status();
-    ucp_config_t* config = nullptr;
-    if (ucp_config_read(nullptr, nullptr, &config) != UCS_OK) return absl::UnavailableError("ucp_config_read failed");
-    if (!options.transports.empty() && ucp_config_modify(config, "TLS", options.transports.c_str()) != UCS_OK) {
-      ucp_config_release(config);
-      return absl::InvalidArgumentError(absl::StrCat("ucx.transports: UCX rejects \"", options.transports, "\""));
+    auto addr = ResolveIpv4(options.listen_address, /*min_port=*/0);
+    if (!addr.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("ucx.listen_address: ", addr.status().message()));
     }
-    ucp_params_t params{};
-    params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
-    params.features = UCP_FEATURE_TAG | UCP_FEATURE_AM | UCP_FEATURE_WAKEUP;
-    params.mt_workers_shared = 0;
-    ucs_status_t st = ucp_init(&params, config, &context);
-    ucp_config_release(config);
-    if (st != UCS_OK) return absl::UnavailableError(absl::StrCat("ucp_init: ", ucs_status_string(st)));
-
-    ucp_worker_params_t wp{};
-    wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
-    wp.thread_mode = UCS_THREAD_MODE_SINGLE;  // every UCX call runs on the progress thread
-    if ((st = ucp_worker_create(context, &wp, &worker)) != UCS_OK) {
-      return absl::UnavailableError(absl::StrCat("ucp_worker_create: ", ucs_status_string(st)));
-    }
-    if ((st = ucp_worker_get_efd(worker, &worker_fd)) != UCS_OK) {
-      return absl::UnavailableError(absl::StrCat("ucp_worker_get_efd: ", ucs_status_string(st)));
-    }
-    wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-    if (wake_fd < 0) return absl::UnavailableError("eventfd failed");
+    auto created = UcxContext::Create(options.transports, "ucx.transports", /*several_workers=*/false);
+    if (!created.ok()) return created.status();
+    context = *std::move(created);
+    auto w = UcxWorker::Create(context);
+    if (!w.ok()) return w.status();
+    worker = *std::move(w);
+    ucs_status_t st = UCS_OK;
 
     // Register the host tier once. Transports without registration needs (tcp, shared memory) accept it
     // at no cost; an RDMA NIC would pin it here instead of per transfer.
-    const std::span<std::byte> host = store->HostRegion();
+    const std::span<std::byte> host = source->HostRegion();
     region = host.data();
     region_bytes = host.size();
     ucp_mem_map_params_t mp{};
     mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
     mp.address = region;
     mp.length = region_bytes;
-    if ((st = ucp_mem_map(context, &mp, &memh)) != UCS_OK) {
+    if (region_bytes != 0 && (st = ucp_mem_map(context->get(), &mp, &memh)) != UCS_OK) {
       KVTIER_LOG(warn, "kvtier-server: ucp_mem_map of the host tier failed ({}); registering per transfer",
                  ucs_status_string(st));
       memh = nullptr;
     }
 
-    auto set_handler = [&](uint16_t id, ucp_am_recv_callback_t cb) {
-      ucp_am_handler_param_t hp{};
-      hp.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG |
-                      UCP_AM_HANDLER_PARAM_FIELD_FLAGS;
-      hp.id = id;
-      hp.cb = cb;
-      hp.arg = this;
-      hp.flags = UCP_AM_FLAG_WHOLE_MSG;
-      return ucp_worker_set_am_recv_handler(worker, &hp);
-    };
-    if (set_handler(msg::kHello, &Impl::OnHello) != UCS_OK || set_handler(msg::kGet, &Impl::OnGet) != UCS_OK ||
-        set_handler(msg::kPut, &Impl::OnPut) != UCS_OK || set_handler(msg::kRelease, &Impl::OnRelease) != UCS_OK ||
-        set_handler(msg::kLease, &Impl::OnLease) != UCS_OK ||
-        set_handler(msg::kAllocate, &Impl::OnAllocate) != UCS_OK ||
-        set_handler(msg::kCommit, &Impl::OnCommit) != UCS_OK) {
-      return absl::UnavailableError("ucp_worker_set_am_recv_handler failed");
+    const std::pair<uint16_t, ucp_am_recv_callback_t> handlers[] = {
+        {msg::kHello, &Impl::OnHello},     {msg::kGet, &Impl::OnGet},     {msg::kPut, &Impl::OnPut},
+        {msg::kRelease, &Impl::OnRelease}, {msg::kLease, &Impl::OnLease}, {msg::kAllocate, &Impl::OnAllocate},
+        {msg::kCommit, &Impl::OnCommit}};
+    for (const auto& [id, cb] : handlers) {
+      if (absl::Status s = worker->SetAmHandler(id, cb, this); !s.ok()) return s;
     }
 
     ucp_listener_params_t lp{};
@@ -296,7 +205,7 @@ struct UcxServer::Impl {
     lp.sockaddr.addrlen = sizeof(sockaddr_in);
     lp.conn_handler.cb = &Impl::OnConnRequest;
     lp.conn_handler.arg = this;
-    if ((st = ucp_listener_create(worker, &lp, &listener)) != UCS_OK) {
+    if ((st = ucp_listener_create(worker->get(), &lp, &listener)) != UCS_OK) {
       // UCX 1.13 binds its listener without SO_REUSEADDR (UCX_TCP_CM_REUSEADDR does not reach it): after
       // a kill -9 the port stays taken while connections of the old process sit in TIME_WAIT (60 s).
       return absl::UnavailableError(absl::StrCat(
@@ -319,77 +228,58 @@ struct UcxServer::Impl {
   void Destroy() {
     if (listener != nullptr) ucp_listener_destroy(listener);
     listener = nullptr;
-    if (worker != nullptr) ucp_worker_destroy(worker);
-    worker = nullptr;
+    worker.reset();
     // With the worker gone nothing can touch the slots any more: settle what never completed.
     RunDeferred();
     for (Op* op : std::vector<Op*>(inflight.begin(), inflight.end())) Complete(op, UCS_ERR_CANCELED, 0);
     RunDeferred();  // completions may have posted further sends; with no endpoint left they fail at once
     for (Op* op : abandoned) delete op;
     abandoned.clear();
-    if (memh != nullptr) ucp_mem_unmap(context, memh);
+    if (memh != nullptr) ucp_mem_unmap(context->get(), memh);
     memh = nullptr;
-    if (context != nullptr) ucp_cleanup(context);
-    context = nullptr;
+    context.reset();
   }
 
   // ---- progress thread ----
 
   void Run() {
     next_sweep = absl::Now() + kSweepInterval;
-    int idle = 0;
-    while (!stop.load(std::memory_order_acquire)) {
-      if (replies_ready.load(std::memory_order_acquire)) SendCallReplies();
-      const unsigned progressed = ucp_worker_progress(worker);
-      if (!deferred.empty()) {
-        RunDeferred();
-        idle = 0;
-        continue;
-      }
-      if (progressed != 0) {
-        idle = 0;
-        continue;
-      }
-      MaintenanceIfDue();
-      if (++idle < kIdleSpins) continue;
-      idle = 0;
-      if (ucp_worker_arm(worker) == UCS_ERR_BUSY) continue;
-      pollfd fds[2] = {{.fd = worker_fd, .events = POLLIN, .revents = 0},
-                       {.fd = wake_fd, .events = POLLIN, .revents = 0}};
-      poll(fds, 2, static_cast<int>(absl::ToInt64Milliseconds(kSweepInterval)));
-      uint64_t drained;
-      if (fds[1].revents != 0) (void)!read(wake_fd, &drained, sizeof(drained));
-    }
+    worker->Run([this] { return !stop.load(std::memory_order_acquire); },
+                [this](bool progressed) {
+                  if (calls->replies_ready()) SendCallReplies();
+                  if (!deferred.empty()) {
+                    RunDeferred();
+                    return true;
+                  }
+                  if (progressed) return true;
+                  MaintenanceIfDue();
+                  return false;
+                },
+                [] { return kSweepInterval; });
     // Stopping: cancel receives, force-close every endpoint, drain what completes.
     for (Op* op : std::vector<Op*>(inflight.begin(), inflight.end())) {
       if (inflight.contains(op) && op->request != nullptr && !op->cancel_requested) {
         op->cancel_requested = true;
-        ucp_request_cancel(worker, op->request);
+        ucp_request_cancel(worker->get(), op->request);
       }
     }
     std::vector<EpId> all;
     for (const auto& [id, ep] : eps) all.push_back(id);
     for (EpId id : all) CloseEp(id);
     const absl::Time until = absl::Now() + kShutdownDrain;
-    while ((!inflight.empty() || !closing.empty() || !deferred.empty()) && absl::Now() < until) {
-      ucp_worker_progress(worker);
+    while ((!inflight.empty() || worker->closing() || !deferred.empty()) && absl::Now() < until) {
+      ucp_worker_progress(worker->get());
       RunDeferred();
-      ReapCloses();
+      worker->ReapCloses();
     }
-    for (void* r : closing) ucp_request_free(r);
-    closing.clear();
+    worker->DrainCloses(absl::Now());  // frees what is left
     if (!inflight.empty()) {
       KVTIER_LOG(warn, "kvtier-server: {} UCX transfers did not finish at shutdown", inflight.size());
     }
   }
 
-  void Wake() {
-    const uint64_t one = 1;
-    (void)!write(wake_fd, &one, sizeof(one));
-  }
-
   void MaintenanceIfDue() {
-    ReapCloses();
+    worker->ReapCloses();
     if (!to_close.empty()) {
       // UCX reports some peer failures even without error handling (a tcp connection that broke):
       // close at once, which also cancels that client's unmatched receives.
@@ -402,9 +292,9 @@ struct UcxServer::Impl {
     if (now >= next_pending_sweep) {
       next_pending_sweep = now + kPendingSweepInterval;
       const PendingConnectionReaper::SweepResult swept = reaper->Sweep(now);
-      metrics->SetPendingConnections(swept.pending - swept.timed_out - swept.over_limit);
+      source->SetPendingConnections(swept.pending - swept.timed_out - swept.over_limit);
       if (swept.timed_out + swept.over_limit > 0) {
-        metrics->CountPendingConnectionResets(swept.timed_out, swept.over_limit);
+        source->CountPendingConnectionResets(swept.timed_out, swept.over_limit);
         KVTIER_LOG_EVERY(std::chrono::seconds(10), warn,
                          "kvtier-server: reset {} connections to the UCX port that sent no valid connection request "
                          "within {} and {} beyond {} pending from one host",
@@ -455,7 +345,7 @@ struct UcxServer::Impl {
       const bool is_recv = op->batch->is_put;
       if (is_recv && !op->cancel_requested) {
         op->cancel_requested = true;
-        ucp_request_cancel(worker, op->request);  // may complete (and free) op right here
+        ucp_request_cancel(worker->get(), op->request);  // may complete (and free) op right here
         // Still in flight: it was matched, its data partly in. Close its endpoint now (below).
         if (!inflight.contains(op)) continue;
       }
@@ -503,27 +393,11 @@ struct UcxServer::Impl {
       if (op->closed == absl::InfiniteFuture()) op->closed = now;
       if (op->batch->is_put && !op->cancel_requested && op->request != nullptr) receives.push_back(op);
     }
-    ucp_request_param_t p{};
-    p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-    p.flags = UCP_EP_CLOSE_FLAG_FORCE;
-    ucs_status_ptr_t r = ucp_ep_close_nbx(ep, &p);
-    if (UCS_PTR_IS_PTR(r)) closing.push_back(r);
+    worker->CloseEndpoint(ep);
     for (Op* op : receives) {
       if (!inflight.contains(op) || op->cancel_requested) continue;  // completed meanwhile
       op->cancel_requested = true;
-      ucp_request_cancel(worker, op->request);  // may complete (and free) op right here
-    }
-  }
-
-  void ReapCloses() {
-    for (size_t i = 0; i < closing.size();) {
-      if (ucp_request_check_status(closing[i]) != UCS_INPROGRESS) {
-        ucp_request_free(closing[i]);
-        closing[i] = closing.back();
-        closing.pop_back();
-      } else {
-        ++i;
-      }
+      ucp_request_cancel(worker->get(), op->request);  // may complete (and free) op right here
     }
   }
 
@@ -531,23 +405,15 @@ struct UcxServer::Impl {
 
   static void OnConnRequest(ucp_conn_request_h conn_request, void* arg) {
     auto* self = static_cast<Impl*>(arg);
-    ucp_ep_params_t ep{};
-    ep.field_mask =
-        UCP_EP_PARAM_FIELD_CONN_REQUEST | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
-    ep.conn_request = conn_request;
-    // NONE keeps shared memory's single-copy path (see the class comment). It must match the client's:
-    // a server endpoint in PEER mode does not connect to a client in NONE mode.
-    ep.err_mode = UCP_ERR_HANDLING_MODE_NONE;
-    ep.err_handler.cb = &Impl::OnEpError;
-    ep.err_handler.arg = self;
-    ucp_ep_h handle = nullptr;
     ucp_conn_request_attr_t attr{};
     attr.field_mask = UCP_CONN_REQUEST_ATTR_FIELD_CLIENT_ADDR;
     const std::string peer =
         ucp_conn_request_query(conn_request, &attr) == UCS_OK
             ? PendingConnectionReaper::PeerKey(reinterpret_cast<const sockaddr*>(&attr.client_address))
             : std::string();
-    if (ucp_ep_create(self->worker, &ep, &handle) == UCS_OK) {
+    absl::StatusOr<ucp_ep_h> accepted = self->worker->Accept(conn_request, &Impl::OnEpError, self);
+    if (accepted.ok()) {
+      ucp_ep_h handle = *accepted;
       const EpId id = self->next_ep++;
       self->eps[id] = handle;
       self->ep_ids[handle] = id;
@@ -570,16 +436,13 @@ struct UcxServer::Impl {
 
   // The endpoint an AM came from, or 0 for a rendezvous one (clients send eager only) or an unknown sender.
   static EpId Sender(Impl* self, void* data, const ucp_am_recv_param_t* param) {
-    if ((param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0) {
-      ucp_am_data_release(self->worker, data);
-      return 0;
-    }
+    if (self->worker->DropRendezvous(data, param)) return 0;
     if ((param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) == 0 || param->reply_ep == nullptr) return 0;
     auto it = self->ep_ids.find(param->reply_ep);
     return it == self->ep_ids.end() ? 0 : it->second;
   }
 
-  bool TicketsRequired() const { return options.sessions != nullptr && options.sessions->required(); }
+  bool TicketsRequired() const { return options.tickets_required; }
 
   // The session of endpoint `ep`, or null when it has not proven a ticket (tickets required): then the
   // AM is dropped and the endpoint closed (outside UCX's callback).
@@ -587,16 +450,13 @@ struct UcxServer::Impl {
     static const EpSession kOpen{};  // no tickets required: an admin, as gRPC without tokens
     if (!TicketsRequired()) return &kOpen;
     if (auto it = sessions_of.find(ep); it != sessions_of.end()) return &it->second;
-    metrics->CountAuthRejection();
+    source->CountAuthRejection();
     KVTIER_LOG_EVERY(std::chrono::seconds(10), warn,
                      "kvtier-server: UCX {} on an endpoint without a valid session ticket; dropped, endpoint closed",
                      what);
     to_close.push_back(ep);
     return nullptr;
   }
-
-  // Whose ids endpoint session `s` may use (BlockStore's IdHolder).
-  static IdHolder HolderOf(const EpSession& s) { return s.who.admin() ? kAnyTenant : IdHolder(s.who.tenant_id); }
 
   static ucs_status_t OnHello(void* arg, const void*, size_t, void* data, size_t length,
                               const ucp_am_recv_param_t* param) {
@@ -611,8 +471,8 @@ struct UcxServer::Impl {
     msg::HelloReply reply{.version = msg::kProtocolVersion,
                           .nonce = hello->nonce,
                           .node_id = self->options.node_id,
-                          .flags = (self->options.lease ? msg::kTakesLeases : 0u) |
-                                   (self->options.allocate && self->options.commit ? msg::kTakesPuts : 0u)};
+                          .flags = (self->options.offer_leases ? msg::kTakesLeases : 0u) |
+                                   (self->options.offer_puts ? msg::kTakesPuts : 0u)};
     if (self->TicketsRequired()) {
       std::optional<Principal> who;
       if (hello->version != msg::kProtocolVersion) {
@@ -620,11 +480,11 @@ struct UcxServer::Impl {
                                    msg::kProtocolVersion, ")");
       } else if (hello->ticket.empty()) {
         reply.error = "this server requires a UCX session ticket (OpenUcxSession over gRPC) in the hello";
-      } else if (who = self->options.sessions->Find(hello->ticket); !who.has_value()) {
+      } else if (who = self->options.find_ticket(hello->ticket); !who.has_value()) {
         reply.error = "unknown or expired UCX session ticket: open a new session (OpenUcxSession)";
       }
       if (!who.has_value()) {
-        self->metrics->CountAuthRejection();
+        self->source->CountAuthRejection();
         KVTIER_LOG_EVERY(std::chrono::seconds(10), warn, "kvtier-server: refused a UCX endpoint: {}", reply.error);
         self->sessions_of.erase(ep);
         reply.flags = msg::kRefused;
@@ -668,7 +528,7 @@ struct UcxServer::Impl {
     if (session == nullptr) return UCS_OK;
     auto req = msg::DecodeGetRequest({static_cast<const std::byte*>(data), length});
     if (req.has_value() && !req->indices.empty()) {
-      self->StartGet(ep, *req, HolderOf(*session));
+      self->StartGet(ep, *req, session->who);
     }
     return UCS_OK;
   }
@@ -677,98 +537,51 @@ struct UcxServer::Impl {
   static ucs_status_t OnLease(void* arg, const void*, size_t, void* data, size_t length,
                               const ucp_am_recv_param_t* param) {
     auto* self = static_cast<Impl*>(arg);
-    return self->Call(data, length, param, "kLease", self->options.lease, msg::kLeaseReply);
+    return self->Call(data, length, param, "kLease", msg::kLease, self->options.offer_leases, msg::kLeaseReply);
   }
 
   // The two phases of a put without gRPC, as the endpoint's principal.
   static ucs_status_t OnAllocate(void* arg, const void*, size_t, void* data, size_t length,
                                  const ucp_am_recv_param_t* param) {
     auto* self = static_cast<Impl*>(arg);
-    return self->Call(data, length, param, "kAllocate", self->options.allocate, msg::kAllocateReply);
+    return self->Call(data, length, param, "kAllocate", msg::kAllocate, self->options.offer_puts, msg::kAllocateReply);
   }
   static ucs_status_t OnCommit(void* arg, const void*, size_t, void* data, size_t length,
                                const ucp_am_recv_param_t* param) {
     auto* self = static_cast<Impl*>(arg);
-    return self->Call(data, length, param, "kCommit", self->options.commit, msg::kCommitReply);
+    return self->Call(data, length, param, "kCommit", msg::kCommit, self->options.offer_puts, msg::kCommitReply);
   }
 
-  // A control call of an authenticated endpoint (kLease, kAllocate, kCommit): `fn` answers the
-  // serialized request as the endpoint's principal; the reply (`reply_id`) carries its answer or its
-  // refusal's code and message.
-  ucs_status_t Call(void* data, size_t length, const ucp_am_recv_param_t* param, const char* what,
-                    const UcxServerOptions::Handler& fn, msg::AmId reply_id) {
+  // A control call of an authenticated endpoint (kLease, kAllocate, kCommit; `offered`: the hello
+  // offers it): a call thread answers it as the endpoint's principal (Answer); the reply (`reply_id`)
+  // carries its answer or its refusal's code and message.
+  ucs_status_t Call(void* data, size_t length, const ucp_am_recv_param_t* param, const char* what, msg::AmId call,
+                    bool offered, msg::AmId reply_id) {
     const EpId ep = Sender(this, data, param);
     if (ep == 0) return UCS_OK;
     const EpSession* session = Admit(ep, what);
     if (session == nullptr) return UCS_OK;
     auto req = msg::DecodeLeaseMessage({static_cast<const std::byte*>(data), length}, /*reply=*/false);
     if (!req.has_value()) return UCS_OK;
-    if (fn) {
-      std::unique_lock<std::mutex> lock(calls_mu);
-      if (calls.size() < kMaxQueuedCalls) {
-        calls.push_back(CallJob{.ep = ep,
+    const uint64_t request_id = req->request_id;
+    if (offered && calls->Push({.endpoint = ep,
+                                .call = call,
                                 .reply_id = reply_id,
-                                .request_id = req->request_id,
-                                .fn = &fn,
+                                .request_id = request_id,
                                 .who = session->who,
-                                .payload = std::move(req->payload)});
-        lock.unlock();
-        calls_cv.notify_one();
-        return UCS_OK;
-      }
+                                .payload = std::move(req->payload)})) {
+      return UCS_OK;
     }
     const absl::Status refused =
-        fn ? absl::ResourceExhaustedError(absl::StrCat("too many ", what, " calls queued; retry"))
-           : absl::FailedPreconditionError(absl::StrCat("this server answers no ", what, " over UCX"));
-    SendAm(ep, reply_id, EncodeCallReply(req->request_id, refused));
+        offered ? absl::ResourceExhaustedError(absl::StrCat("too many ", what, " calls queued; retry"))
+                : absl::FailedPreconditionError(absl::StrCat("this server answers no ", what, " over UCX"));
+    SendAm(ep, reply_id, UcxControlCalls::EncodeReply(request_id, refused));
     return UCS_OK;
-  }
-
-  // A control call's reply: the answer, or the refusal's code and message.
-  static std::string EncodeCallReply(uint64_t request_id, absl::StatusOr<std::string> answer) {
-    msg::LeaseMessage reply{.request_id = request_id};
-    reply.ok = answer.ok();
-    reply.code = answer.ok() ? 0 : static_cast<uint32_t>(answer.status().code());  // the client reports it as is
-    reply.payload = answer.ok() ? std::move(answer).value() : std::string(answer.status().message());
-    return msg::Encode(reply, /*reply=*/true);
-  }
-
-  // A call thread: runs queued calls until Shutdown.
-  void RunCalls() {
-    std::unique_lock<std::mutex> lock(calls_mu);
-    while (true) {
-      calls_cv.wait(lock, [&] { return calls_stop || !calls.empty(); });
-      if (calls_stop) return;
-      CallJob job = std::move(calls.front());
-      calls.pop_front();
-      lock.unlock();
-      std::string bytes = EncodeCallReply(job.request_id, (*job.fn)(job.who, job.payload));
-      lock.lock();
-      call_replies.push_back({.ep = job.ep, .reply_id = job.reply_id, .bytes = std::move(bytes)});
-      replies_ready.store(true, std::memory_order_release);
-      Wake();
-    }
   }
 
   // Progress thread: sends the replies the call threads queued (to endpoints still open).
   void SendCallReplies() {
-    std::vector<CallReply> ready;
-    {
-      std::lock_guard<std::mutex> lock(calls_mu);
-      ready.swap(call_replies);
-      replies_ready.store(false, std::memory_order_relaxed);
-    }
-    for (CallReply& r : ready) SendAm(r.ep, r.reply_id, std::move(r.bytes));
-  }
-
-  void StopCalls() {
-    {
-      std::lock_guard<std::mutex> lock(calls_mu);
-      calls_stop = true;
-    }
-    calls_cv.notify_all();
-    for (std::thread& t : call_threads) t.join();
-    call_threads.clear();
+    for (UcxControlCalls::Reply& r : calls->TakeReplies()) SendAm(r.endpoint, r.reply_id, std::move(r.bytes));
   }
 
   // A client that split a lease's blocks over several kGet requests (get lanes) is done with it.
@@ -781,7 +594,7 @@ struct UcxServer::Impl {
     if (session == nullptr) return UCS_OK;
     auto req = msg::DecodeRelease({static_cast<const std::byte*>(data), length});
     // Another tenant's lease is not released: the store treats its id as unknown.
-    if (req.has_value()) self->store->Release(std::span<const CapabilityId>(&req->lease_id, 1), HolderOf(*session));
+    if (req.has_value()) self->source->Release(session->who, req->lease_id);
     return UCS_OK;
   }
 
@@ -794,7 +607,7 @@ struct UcxServer::Impl {
     if (session == nullptr) return UCS_OK;
     auto req = msg::DecodePutRequest({static_cast<const std::byte*>(data), length});
     if (req.has_value()) {
-      self->StartPut(ep, *req, session->put_tag_key, HolderOf(*session));
+      self->StartPut(ep, *req, session->put_tag_key, session->who);
     }
     return UCS_OK;
   }
@@ -814,31 +627,19 @@ struct UcxServer::Impl {
     op->impl->Completed(op, status, length);
   }
 
-  static void OnAmSent(void* request, ucs_status_t, void* user_data) {
-    delete static_cast<std::string*>(user_data);
-    ucp_request_free(request);
-  }
-
   // ---- requests ----
 
   void SendAm(EpId id, uint16_t am_id, std::string payload) {
     auto it = eps.find(id);
     if (it == eps.end()) return;
-    auto* buf = new std::string(std::move(payload));
-    ucp_request_param_t p{};
-    p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
-    p.cb.send = &Impl::OnAmSent;
-    p.user_data = buf;
-    p.flags = UCP_AM_SEND_FLAG_EAGER;
-    ucs_status_ptr_t r = ucp_am_send_nbx(it->second, am_id, nullptr, 0, buf->data(), buf->size(), &p);
-    if (!UCS_PTR_IS_PTR(r)) delete buf;  // done at once, or failed
+    (void)UcxWorker::SendEagerAm(it->second, am_id, std::move(payload), /*reply=*/false);
   }
 
-  // `holder`: the endpoint's tenant; a lease that is unknown to it (or another tenant's) sends every
+  // `who`: the endpoint's principal; a lease that is unknown to it (or another tenant's) sends every
   // block as an empty message, none is pinned.
-  void StartGet(EpId ep, const msg::GetRequest& req, IdHolder holder) {
+  void StartGet(EpId ep, const msg::GetRequest& req, const Principal& who) {
     auto* batch = new Batch{.is_put = false,
-                            .holder = holder,
+                            .who = who,
                             .request_id = req.request_id,
                             .id = req.lease_id,
                             .flags = req.flags,
@@ -867,7 +668,7 @@ struct UcxServer::Impl {
                       .start = now,
                       .deadline = now + options.transfer_timeout};
     const std::byte* data = &kEmpty;
-    auto pinned = store->PinForSend(batch->id, op->index, batch->holder);  // unknown id: an empty message
+    auto pinned = source->PinForSend(batch->who, batch->id, op->index);  // unknown id: an empty message
     if (pinned.ok()) {
       op->pinned = true;
       op->size = pinned->size_bytes;
@@ -889,12 +690,12 @@ struct UcxServer::Impl {
     Track(op, r);
   }
 
-  // `put_tag_key`: the endpoint's (SessionPutTag). `holder`: the endpoint's tenant; a reservation
+  // `put_tag_key`: the endpoint's (SessionPutTag). `who`: the endpoint's principal; a reservation
   // unknown to it (or another tenant's) pins nothing, zero-byte receives on the endpoint's own tags
   // drain its sends, and every entry fails.
-  void StartPut(EpId ep, const msg::PutRequest& req, uint64_t put_tag_key, IdHolder holder) {
+  void StartPut(EpId ep, const msg::PutRequest& req, uint64_t put_tag_key, const Principal& who) {
     auto* batch = new Batch{.is_put = true,
-                            .holder = holder,
+                            .who = who,
                             .request_id = req.request_id,
                             .id = req.reservation_id,
                             .ep = ep,
@@ -921,7 +722,7 @@ struct UcxServer::Impl {
       std::byte* data = nullptr;
       // The kPut's full id is checked here (a tag is no capability): only a live id of the endpoint's
       // tenant pins its slots.
-      auto pinned = store->PinForReceive(req.reservation_id, op->index, batch->holder);
+      auto pinned = source->PinForReceive(batch->who, req.reservation_id, op->index);
       if (pinned.ok()) {
         op->pinned = true;
         op->size = pinned->size_bytes;
@@ -932,7 +733,7 @@ struct UcxServer::Impl {
         // A zero-byte receive drains the client's message (truncated), so its send completes; but not
         // on a tag of another live reservation (a wrong id sharing its tag prefix): that message is not
         // this request's to take.
-        if (!tag_free.has_value()) tag_free = store->PutTagFreeFor(req.reservation_id);
+        if (!tag_free.has_value()) tag_free = source->PutTagFreeFor(req.reservation_id);
         if (!*tag_free) {
           deferred.push_back({op, UCS_ERR_INVALID_PARAM});
           continue;
@@ -946,8 +747,9 @@ struct UcxServer::Impl {
         p.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMH;
         p.memh = memh;
       }
-      ucs_status_ptr_t r = ucp_tag_recv_nbx(
-          worker, data, op->size, msg::SessionPutTag(req.reservation_id, op->index, put_tag_key), kFullMask, &p);
+      ucs_status_ptr_t r =
+          ucp_tag_recv_nbx(worker->get(), data, op->size,
+                           msg::SessionPutTag(req.reservation_id, op->index, put_tag_key), kFullTagMask, &p);
       Track(op, r);
     }
   }
@@ -1005,20 +807,20 @@ struct UcxServer::Impl {
       // are not hashed: UCX may not be done with their slot.
       std::optional<uint64_t> sum;
       if (ok && !op->abandoned) sum = BlockChecksum(op->data, op->size);
-      if (op->pinned) store->FinishReceive(batch->id, op->index, length, ok, sum);
+      if (op->pinned) source->FinishReceive(batch->id, op->index, length, ok, sum);
       if (ok) {
-        metrics->CountTransfer(Direction::kWrite, Transport::kUcx, length);
+        source->CountTransfer(Direction::kWrite, length);
       } else {
-        metrics->CountTransferError(Direction::kWrite);
+        source->CountTransferError(Direction::kWrite);
       }
     } else {
       ok = op->pinned && status == UCS_OK;
-      if (op->pinned) store->Unpin(batch->id, op->index);
+      if (op->pinned) source->UnpinSend(batch->id, op->index);
       batch->in_flight_bytes -= std::max<uint64_t>(op->size, 1);
       if (ok) {
-        metrics->CountTransfer(Direction::kRead, Transport::kUcx, op->size);
+        source->CountTransfer(Direction::kRead, op->size);
       } else {
-        metrics->CountTransferError(Direction::kRead);
+        source->CountTransferError(Direction::kRead);
       }
     }
     batch->ok[op->slot] = ok ? 1 : 0;
@@ -1035,8 +837,8 @@ struct UcxServer::Impl {
   void FinishBatch(Batch* batch) {
     if (batch->is_put) {
       SendAm(batch->ep, msg::kPutDone, msg::Encode(msg::PutDone{.request_id = batch->request_id, .ok = batch->ok}));
-    } else if ((batch->flags & msg::kGetRelease) != 0) {  // never another tenant's lease (holder)
-      store->Release(std::span<const CapabilityId>(&batch->id, 1), batch->holder);
+    } else if ((batch->flags & msg::kGetRelease) != 0) {  // never another tenant's lease (who)
+      source->Release(batch->who, batch->id);
     }
     delete batch;
   }
@@ -1046,32 +848,34 @@ UcxServer::UcxServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 UcxServer::~UcxServer() { Shutdown(); }
 
-absl::StatusOr<std::unique_ptr<UcxServer>> UcxServer::Start(const UcxServerOptions& options, BlockStore& store,
-                                                            ServerMetrics& metrics) {
+absl::StatusOr<std::unique_ptr<UcxServer>> UcxServer::Start(const UcxServerOptions& options, HostBlockSource& source) {
+  if (options.tickets_required && !options.find_ticket) {
+    return absl::InvalidArgumentError("UcxServerOptions: tickets_required without find_ticket");
+  }
   auto impl = std::make_unique<Impl>();
   impl->options = options;
-  impl->store = &store;
-  impl->metrics = &metrics;
+  impl->source = &source;
   if (absl::Status s = impl->Init(); !s.ok()) {
     impl->Destroy();
     return s;
   }
   Impl* p = impl.get();
+  p->calls.emplace(source, options.call_threads, [p] { p->worker->Wake(); });
   p->thread = std::thread([p] { p->Run(); });
-  for (int i = 0; i < std::max(1, options.call_threads); ++i) p->call_threads.emplace_back([p] { p->RunCalls(); });
+
   return std::unique_ptr<UcxServer>(new UcxServer(std::move(impl)));
 }
 
 void UcxServer::Shutdown() {
   if (impl_ == nullptr || impl_->shut_down) return;
   impl_->shut_down = true;
-  impl_->StopCalls();  // a call still in the store finishes first; its reply is dropped
+  if (impl_->calls.has_value()) impl_->calls->Stop();  // a call still in the store finishes first; its reply is dropped
   impl_->stop.store(true, std::memory_order_release);
-  impl_->Wake();
+  if (impl_->worker != nullptr) impl_->worker->Wake();
   if (impl_->thread.joinable()) impl_->thread.join();
   impl_->Destroy();
 }
 
 int UcxServer::port() const { return impl_->port; }
 
-}  // namespace kvtier::server
+}  // namespace kvtier::ucx
