@@ -7,8 +7,8 @@
 #   <libdir>/cmake/kvtier/ (find_package(kvtier CONFIG)), <libdir>/pkgconfig/kvtier-client.pc, kvtier.pc
 #                                                                  component dev      -> libkvtier-dev.deb
 #
-# Inside the tree kvtier_client is a static library over private static pieces (kvtier_common,
-# kvtier_wire, kvtier_proto). The installed client is built from the objects of all four, once as a
+# Inside the tree kvtier_client is a static library over private static pieces (kvtier_ucx,
+# kvtier_common, kvtier_wire, kvtier_proto). The installed client is built from the objects of all five, once as a
 # shared library and once as a static archive, so that a program links one kvtier library plus the
 # system libraries. Its public headers include only absl, spdlog and each other.
 #
@@ -18,7 +18,7 @@
 include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
 
-set(_kvtier_client_parts kvtier_client kvtier_common kvtier_wire kvtier_proto)
+set(_kvtier_client_parts kvtier_client kvtier_ucx kvtier_common kvtier_wire kvtier_proto)
 
 # Libraries the parts link (public and private), without the parts themselves: what the installed
 # client needs from the system.

@@ -12,20 +12,16 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
+#include "kvtier/common/principal.h"
 #include "kvtier/server/server_options.h"
 
 namespace kvtier::server {
 
 class ServerMetrics;
 
-// Who made an RPC, as its token says.
-struct Principal {
-  enum class Role : uint8_t { kWorker, kAdmin };
-  Role role = Role::kAdmin;
-  std::string tenant;      // a worker's tenant; "" for an admin
-  uint64_t tenant_id = 0;  // TenantId(tenant)
-  bool admin() const { return role == Role::kAdmin; }
-};
+// Who made an RPC, as its token says: kvtier::Principal (kvtier/common/principal.h), shared with the
+// UCX transport.
+using kvtier::Principal;
 
 // Maps the `authorization: Bearer <token>` metadata of a call to a Principal by the SHA-256 of the
 // token, and decides what it may do:

@@ -30,13 +30,6 @@ grpc::Status CacheServiceImpl::Allocate(grpc::ServerContext* ctx, const v1::Allo
       who, *req, [ctx] { return ctx->IsCancelled(); }, resp)));
 }
 
-absl::Status CacheServiceImpl::AllocateAs(const Principal& who, const v1::AllocateRequest& req,
-                                          v1::AllocateResponse* resp) {
-  RpcScope rpc(metrics_, "Allocate");
-  return rpc.Return(requests_.Allocate(
-      who, req, [] { return false; }, resp));
-}
-
 grpc::Status CacheServiceImpl::WriteBlocks(grpc::ServerContext* ctx, grpc::ServerReader<v1::WriteBlocksRequest>* reader,
                                            v1::WriteBlocksResponse* resp) {
   RpcScope rpc(metrics_, "WriteBlocks");
@@ -66,11 +59,6 @@ grpc::Status CacheServiceImpl::Commit(grpc::ServerContext* ctx, const v1::Commit
   Principal who;
   if (grpc::Status s = auth_.Authenticate(*ctx, &who); !s.ok()) return rpc.Return(s);
   return rpc.Return(wire::ToGrpc(requests_.Commit(who, *req, resp)));
-}
-
-absl::Status CacheServiceImpl::CommitAs(const Principal& who, const v1::CommitRequest& req, v1::CommitResponse* resp) {
-  RpcScope rpc(metrics_, "Commit");
-  return rpc.Return(requests_.Commit(who, req, resp));
 }
 
 grpc::Status CacheServiceImpl::Abort(grpc::ServerContext* ctx, const v1::AbortRequest* req, v1::AbortResponse*) {
@@ -146,11 +134,6 @@ grpc::Status CacheServiceImpl::Lease(grpc::ServerContext* ctx, const v1::ReadReq
     return rpc.Return(grpc::Status(grpc::StatusCode::CANCELLED, "client went away"));
   }
   return rpc.Return(grpc::Status::OK);
-}
-
-absl::Status CacheServiceImpl::LeaseAs(const Principal& who, const v1::ReadRequest& req, v1::ReadResponse* resp) {
-  RpcScope rpc(metrics_, "Lease");
-  return rpc.Return(requests_.Lease(who, req, resp));
 }
 
 grpc::Status CacheServiceImpl::OpenUcxSession(grpc::ServerContext* ctx, const v1::OpenUcxSessionRequest*,

@@ -41,14 +41,6 @@ class CacheServiceImpl final : public v1::CacheService::Service {
   // before the gRPC server starts; `sessions` must outlive the service.
   void set_ucx_sessions(UcxSessions* sessions) { ucx_sessions_ = sessions; }
 
-  // Lease, Allocate and Commit for the UCX data plane (kvtier/wire/ucx_messages.h kLease, kAllocate,
-  // kCommit), for a caller authenticated as `who` by its UCX session (an admin when the server
-  // requires no ticket): BlockRequests' answer, timed as the RPC of the same name. Thread-safe.
-  // Errors: those of BlockRequests::Lease, Allocate and Commit.
-  absl::Status LeaseAs(const Principal& who, const v1::ReadRequest& req, v1::ReadResponse* resp);
-  absl::Status AllocateAs(const Principal& who, const v1::AllocateRequest& req, v1::AllocateResponse* resp);
-  absl::Status CommitAs(const Principal& who, const v1::CommitRequest& req, v1::CommitResponse* resp);
-
  private:
   const ServerOptions& options_;
   BlockStore& store_;

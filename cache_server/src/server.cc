@@ -23,6 +23,7 @@
 #include "kvtier/common/log.h"
 #include "kvtier/nccl/nccl_service.h"
 #include "kvtier/server/block_store.h"
+#include "kvtier/ucx/ucx_server.h"
 #include "kvtier/v1/cache.pb.h"
 #include "kvtier/wire/wire.h"
 #include "query/engine_hash_index.h"
@@ -30,7 +31,7 @@
 #include "query/query_http.h"
 #include "server_metrics.h"
 #include "transport/hbm_block_source.h"
-#include "transport/ucx_server.h"
+#include "transport/store_block_source.h"
 #include "transport/ucx_sessions.h"
 
 namespace kvtier::server {
@@ -99,23 +100,6 @@ class PlainHealthService final : public grpc::health::v1::Health::Service {
   std::atomic<bool> serving_{true};
 };
 
-// A UCX control call's handler: parses the serialized `Req`, runs `fn` of `cache` as the endpoint's
-// principal, returns the serialized `Resp` (or fn's error; InvalidArgument for bytes that are no `Req`).
-template <typename Req, typename Resp>
-UcxServerOptions::Handler UcxCall(CacheServiceImpl* cache,
-                                  absl::Status (CacheServiceImpl::*fn)(const Principal&, const Req&, Resp*),
-                                  const char* what) {
-  return [cache, fn, what](const Principal& who, std::string_view in) -> absl::StatusOr<std::string> {
-    Req req;
-    if (!req.ParseFromArray(in.data(), static_cast<int>(in.size()))) {
-      return absl::InvalidArgumentError(absl::StrCat(what, ": not a ", Req::descriptor()->name()));
-    }
-    Resp resp;
-    if (absl::Status s = (cache->*fn)(who, req, &resp); !s.ok()) return s;
-    return resp.SerializeAsString();
-  };
-}
-
 }  // namespace
 
 struct Server::Impl {
@@ -137,8 +121,9 @@ struct Server::Impl {
   std::unique_ptr<PlainHealthService> plain_health;  // outlives health_server
   std::unique_ptr<grpc::Server> health_server;       // plain grpc.health.v1 on health_address; null without it
   std::unique_ptr<prometheus::Exposer> exposer;
-  std::unique_ptr<UcxServer> ucx;          // null without ucx_listen_address; destroyed before the store
-  std::unique_ptr<EventPublisher> events;  // null unless events_enabled; detached and destroyed before the store
+  std::unique_ptr<StoreBlockSource> ucx_source;  // what `ucx` serves from; outlives it
+  std::unique_ptr<ucx::UcxServer> ucx;           // null without ucx_listen_address; destroyed before the store
+  std::unique_ptr<EventPublisher> events;        // null unless events_enabled; detached and destroyed before the store
   std::unique_ptr<EventServiceImpl> event_service;
   // The query endpoints (docs/query.md), with the metrics listener: the store's sink, forwarding to
   // `events`; detached before it is destroyed.
@@ -289,25 +274,24 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
 
   // The UCX listener first, so that GetInfo advertises it from the first RPC on.
   if (!options.ucx_listen_address.empty()) {
-    UcxServerOptions ucx_options{.listen_address = options.ucx_listen_address,
-                                 .node_id = options.node_id,
-                                 .transports = options.ucx_transports,
-                                 .transfer_timeout = options.ucx_transfer_timeout,
-                                 .pending_connection_timeout = options.ucx_pending_connection_timeout,
-                                 .max_pending_connections_per_host = options.ucx_max_pending_connections_per_host};
+    ucx::UcxServerOptions ucx_options{.listen_address = options.ucx_listen_address,
+                                      .node_id = options.node_id,
+                                      .transports = options.ucx_transports,
+                                      .transfer_timeout = options.ucx_transfer_timeout,
+                                      .pending_connection_timeout = options.ucx_pending_connection_timeout,
+                                      .max_pending_connections_per_host = options.ucx_max_pending_connections_per_host};
     // Tokens or TLS on: a UCX endpoint must prove a credential of the gRPC plane (a session ticket).
     impl->ucx_sessions =
         std::make_unique<UcxSessions>(options.ucx_session_ttl, impl->auth->enabled() || options.tls_enabled());
     impl->cache_service->set_ucx_sessions(impl->ucx_sessions.get());
-    ucx_options.sessions = impl->ucx_sessions.get();
+    ucx_options.tickets_required = impl->ucx_sessions->required();
+    ucx_options.find_ticket = [sessions = impl->ucx_sessions.get()](std::string_view ticket) {
+      return sessions->Find(ticket);
+    };
     // A lease, and the two phases of a put, over UCX as the endpoint's principal: what the RPCs would
-    // allow it, one gRPC round trip less each.
-    CacheServiceImpl* cache = impl->cache_service.get();
-    ucx_options.lease = UcxCall<v1::ReadRequest, v1::ReadResponse>(cache, &CacheServiceImpl::LeaseAs, "kLease");
-    ucx_options.allocate =
-        UcxCall<v1::AllocateRequest, v1::AllocateResponse>(cache, &CacheServiceImpl::AllocateAs, "kAllocate");
-    ucx_options.commit = UcxCall<v1::CommitRequest, v1::CommitResponse>(cache, &CacheServiceImpl::CommitAs, "kCommit");
-    auto ucx = UcxServer::Start(ucx_options, *impl->store, *impl->metrics);
+    // allow it, one gRPC round trip less each (StoreBlockSource answers them through BlockRequests).
+    impl->ucx_source = std::make_unique<StoreBlockSource>(*impl->store, *impl->metrics, *impl->requests);
+    auto ucx = ucx::UcxServer::Start(ucx_options, *impl->ucx_source);
     if (!ucx.ok()) return ucx.status();
     impl->ucx = std::move(ucx).value();
     impl->admin_service->set_ucx_port(impl->ucx->port());

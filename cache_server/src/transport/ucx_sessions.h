@@ -1,5 +1,5 @@
 // UCX session tickets: how an endpoint of the UCX bulk plane proves that it holds a credential of the
-// gRPC plane (docs/architecture.md "Security", kvtier/wire/ucx_messages.h kHello).
+// gRPC plane (docs/architecture.md "Security", kvtier/ucx/ucx_messages.h kHello).
 #ifndef KVTIER_SERVER_SRC_TRANSPORT_UCX_SESSIONS_H_
 #define KVTIER_SERVER_SRC_TRANSPORT_UCX_SESSIONS_H_
 

@@ -8,9 +8,9 @@
 #include "absl/status/status.h"
 #include "client/block_path.h"
 #include "client/membership.h"
-#include "client/ucx_client.h"
 #include "client/ucx_endpoints.h"
 #include "kvtier/client/client.h"
+#include "kvtier/ucx/ucx_client.h"
 
 namespace kvtier::client {
 

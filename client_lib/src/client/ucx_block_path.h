@@ -1,4 +1,4 @@
-// UcxBlockPath: a member's block bytes over its ready UCX endpoint (UcxClient, ucx_client.h): the
+// UcxBlockPath: a member's block bytes over its ready UCX endpoint (UcxClient, kvtier/ucx/ucx_client.h): the
 // server sends a read's blocks straight into the caller's buffers and takes a put's bytes straight into
 // its reserved slots; leases, reservations and commits go over the endpoint when its session takes
 // them, else over gRPC.
@@ -9,9 +9,9 @@
 
 #include "client/block_path.h"
 #include "client/membership.h"
-#include "client/ucx_client.h"
 #include "client/ucx_endpoints.h"
 #include "kvtier/client/client.h"
+#include "kvtier/ucx/ucx_client.h"
 
 namespace kvtier::client {
 

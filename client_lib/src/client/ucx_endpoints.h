@@ -12,8 +12,8 @@
 #include "absl/time/time.h"
 #include "client/membership.h"
 #include "client/transport_mode.h"
-#include "client/ucx_client.h"
 #include "kvtier/client/client.h"
+#include "kvtier/ucx/ucx_client.h"
 #include "kvtier/v1/cache.grpc.pb.h"
 #include "kvtier/wire/channel_security.h"
 

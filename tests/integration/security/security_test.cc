@@ -22,13 +22,13 @@
 #include <gtest/gtest.h>
 
 #include "absl/strings/str_cat.h"
-#include "client/ucx_client.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "kvtier/client/client.h"
 #include "kvtier/common/capability_id.h"
 #include "kvtier/common/checksum.h"
 #include "kvtier/common/fingerprint.h"
 #include "kvtier/server/server_options.h"
+#include "kvtier/ucx/ucx_client.h"
 #include "kvtier/v1/admin.grpc.pb.h"
 #include "kvtier/v1/cache.grpc.pb.h"
 #include "kvtier/wire/channel_security.h"

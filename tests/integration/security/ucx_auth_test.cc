@@ -1,5 +1,5 @@
 // The UCX bulk plane of a server with tokens, against a real kvtier-server process: raw UCX peers that
-// speak the wire protocol (kvtier/wire/ucx_messages.h) without a ticket, with another tenant's ticket
+// speak the wire protocol (kvtier/ucx/ucx_messages.h) without a ticket, with another tenant's ticket
 // or with an expired one, and an honest client over transport ucx.
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -26,9 +26,9 @@
 #include "kvtier/common/capability_id.h"
 #include "kvtier/common/checksum.h"
 #include "kvtier/common/fingerprint.h"
+#include "kvtier/ucx/ucx_messages.h"
 #include "kvtier/v1/cache.grpc.pb.h"
 #include "kvtier/wire/channel_security.h"
-#include "kvtier/wire/ucx_messages.h"
 #include "kvtier/wire/wire.h"
 #include "testing/server_process.h"
 #include "testing/status_matchers.h"
@@ -36,7 +36,7 @@
 namespace kvtier {
 namespace {
 
-namespace msg = wire::ucx;
+namespace msg = ucx::msg;
 using testing::ServerProcess;
 
 constexpr char kTokenA[] = "ucx-token-of-tenant-a";

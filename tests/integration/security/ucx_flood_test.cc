@@ -1,6 +1,6 @@
 // The UCX port under a flood of raw TCP connections that never speak UCX: peers that send garbage and
 // close, and peers that connect and stay silent. UCX's own connection manager holds such connections
-// forever (cache_server/src/transport/ucx_pending_connections.h); the server must reset them and stay
+// forever (transport/ucx/include/kvtier/ucx/ucx_pending_connections.h); the server must reset them and stay
 // reachable for honest clients over UCX.
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -23,18 +23,18 @@
 #include "absl/time/clock.h"
 #include "kvtier/client/client.h"
 #include "kvtier/common/fingerprint.h"
+#include "kvtier/ucx/ucx_pending_connections.h"
 #include "testing/scrape_metrics.h"
 #include "testing/server_process.h"
 #include "testing/status_matchers.h"
-#include "transport/ucx_pending_connections.h"
 
 namespace kvtier {
 namespace {
 
-using server::PendingConnectionReaper;
 using testing::MetricValue;
 using testing::ScrapeMetrics;
 using testing::ServerProcess;
+using ucx::PendingConnectionReaper;
 
 constexpr char kToken[] = "ucx-flood-token";
 

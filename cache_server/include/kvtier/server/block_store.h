@@ -283,7 +283,7 @@ class BlockStore {
   // limits, ValidateBlockMeta: nothing is allocated).
   struct AllocateResult {
     // Null when no key was allocated. Its tag prefix (CapabilityId::tag_prefix()) differs from that of every
-    // other live reservation of the store, so UCX put tags (kvtier/wire/ucx_messages.h PutTag) never collide.
+    // other live reservation of the store, so UCX put tags (kvtier/ucx/ucx_messages.h PutTag) never collide.
     CapabilityId reservation_id;
     std::vector<AllocateOutcome> outcomes;
     absl::Duration ttl;

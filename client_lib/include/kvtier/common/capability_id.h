@@ -56,7 +56,7 @@ class CapabilityId {
     return v;
   }
   // The low kTagPrefixBits bits of low64(): what a UCX put tag carries of a reservation id
-  // (kvtier/wire/ucx_messages.h PutTag). BlockStore keeps the prefixes of its live reservations distinct.
+  // (kvtier/ucx/ucx_messages.h PutTag). BlockStore keeps the prefixes of its live reservations distinct.
   static constexpr uint32_t kTagPrefixBits = 39;
   uint64_t tag_prefix() const { return low64() & ((uint64_t{1} << kTagPrefixBits) - 1); }
   // 32 lowercase hex digits, for logs. Ids are capabilities: log only an id's hex, never in messages

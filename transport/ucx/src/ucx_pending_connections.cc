@@ -1,4 +1,4 @@
-#include "transport/ucx_pending_connections.h"
+#include "kvtier/ucx/ucx_pending_connections.h"
 
 #include <arpa/inet.h>
 #include <dirent.h>
@@ -11,7 +11,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 
-namespace kvtier::server {
+namespace kvtier::ucx {
 namespace {
 
 struct Pending {
@@ -104,4 +104,4 @@ PendingConnectionReaper::SweepResult PendingConnectionReaper::Sweep(absl::Time n
   return result;
 }
 
-}  // namespace kvtier::server
+}  // namespace kvtier::ucx

@@ -1,4 +1,4 @@
-#include "kvtier/wire/ucx_log.h"
+#include "ucx_log.h"
 
 #include <ucs/debug/log_def.h>
 
@@ -10,7 +10,7 @@
 
 #include "kvtier/common/log.h"
 
-namespace kvtier::wire::ucx {
+namespace kvtier::ucx {
 namespace {
 
 std::atomic<uint64_t> g_cma_failures{0};
@@ -41,4 +41,4 @@ void InstallCmaFailureHandler() {
 
 uint64_t CmaFailures() { return g_cma_failures.load(std::memory_order_relaxed); }
 
-}  // namespace kvtier::wire::ucx
+}  // namespace kvtier::ucx

@@ -1,6 +1,7 @@
-// The client side of the UCX bulk data plane (private to client_lib; docs/architecture.md "UCX data plane").
-#ifndef KVTIER_CLIENT_SRC_CLIENT_UCX_CLIENT_H_
-#define KVTIER_CLIENT_SRC_CLIENT_UCX_CLIENT_H_
+// The client side of the UCX bulk data plane (docs/architecture.md "UCX data plane"): the block client,
+// which client_lib's Client drives.
+#ifndef KVTIER_UCX_UCX_CLIENT_H_
+#define KVTIER_UCX_UCX_CLIENT_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -14,12 +15,12 @@
 #include "absl/time/time.h"
 #include "kvtier/common/capability_id.h"
 
-namespace kvtier::client {
+namespace kvtier::ucx {
 
-// One UCX (ucp) context and worker with its own progress thread, and endpoints to servers' UCX
+// One UCX (ucp) context and worker (UcxWorker) with its own progress thread, and endpoints to servers' UCX
 // listeners. Callers' threads never touch UCX: they queue commands that the progress thread runs, and
 // wait for completions with a deadline. Payloads move as tagged messages straight between the caller's
-// buffers and the server's slots (kvtier/wire/ucx_messages.h): rendezvous, so single-copy over shared
+// buffers and the server's slots (kvtier/ucx/ucx_messages.h): rendezvous, so single-copy over shared
 // memory + cma and one stream over tcp.
 //
 // Error handling: endpoints use UCP_ERR_HANDLING_MODE_NONE (PEER mode would turn off cma's single copy
@@ -120,6 +121,10 @@ class UcxClient {
   std::unique_ptr<Impl> impl_;
 };
 
+}  // namespace kvtier::ucx
+
+namespace kvtier::client {
+using ucx::UcxClient;  // the name client_lib knows it by
 }  // namespace kvtier::client
 
-#endif  // KVTIER_CLIENT_SRC_CLIENT_UCX_CLIENT_H_
+#endif  // KVTIER_UCX_UCX_CLIENT_H_

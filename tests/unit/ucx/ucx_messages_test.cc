@@ -1,6 +1,6 @@
-// The UCX plane's control messages (kvtier/wire/ucx_messages.h): every message decodes to what was
+// The UCX plane's control messages (kvtier/ucx/ucx_messages.h): every message decodes to what was
 // encoded, and a truncated, padded or malformed one decodes to nothing.
-#include "kvtier/wire/ucx_messages.h"
+#include "kvtier/ucx/ucx_messages.h"
 
 #include <gtest/gtest.h>
 
@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-namespace kvtier::wire::ucx {
+namespace kvtier::ucx::msg {
 namespace {
 
 std::span<const std::byte> Bytes(const std::string& s) {
@@ -180,4 +180,4 @@ TEST(UcxMessagesTest, PutTagTakesTheLow39BitsOfTheIdAndTheIndex) {
 }
 
 }  // namespace
-}  // namespace kvtier::wire::ucx
+}  // namespace kvtier::ucx::msg

@@ -1,7 +1,7 @@
 // The connections that UCX's listener accepted but never turned into a connection request: how a UCX
 // port stays open to clients when peers send it garbage or nothing at all.
-#ifndef KVTIER_SERVER_SRC_TRANSPORT_UCX_PENDING_CONNECTIONS_H_
-#define KVTIER_SERVER_SRC_TRANSPORT_UCX_PENDING_CONNECTIONS_H_
+#ifndef KVTIER_UCX_UCX_PENDING_CONNECTIONS_H_
+#define KVTIER_UCX_UCX_PENDING_CONNECTIONS_H_
 
 #include <sys/socket.h>
 
@@ -14,7 +14,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/time/time.h"
 
-namespace kvtier::server {
+namespace kvtier::ucx {
 
 // UCX 1.13's tcp connection manager (tcp_sockcm) accepts every TCP connection on the listener port and
 // waits, with no deadline, for a header and the peer's connection data before it tells ucp. A peer
@@ -75,6 +75,6 @@ class PendingConnectionReaper {
   absl::flat_hash_map<uint64_t, Seen> seen_;  // socket inode -> when first seen pending
 };
 
-}  // namespace kvtier::server
+}  // namespace kvtier::ucx
 
-#endif  // KVTIER_SERVER_SRC_TRANSPORT_UCX_PENDING_CONNECTIONS_H_
+#endif  // KVTIER_UCX_UCX_PENDING_CONNECTIONS_H_

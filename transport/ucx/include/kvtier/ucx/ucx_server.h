@@ -1,21 +1,21 @@
-// The server side of the UCX bulk data plane (DESIGN.md §4, docs/architecture.md "UCX data plane").
-#ifndef KVTIER_SERVER_SRC_TRANSPORT_UCX_SERVER_H_
-#define KVTIER_SERVER_SRC_TRANSPORT_UCX_SERVER_H_
+// The server side of the UCX bulk data plane (DESIGN.md §4, docs/architecture.md "UCX data plane"):
+// the block server.
+#ifndef KVTIER_UCX_UCX_SERVER_H_
+#define KVTIER_UCX_UCX_SERVER_H_
 
+#include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "auth.h"
+#include "kvtier/common/principal.h"
+#include "kvtier/ucx/host_block_source.h"
 
-namespace kvtier::server {
-
-class BlockStore;
-class ServerMetrics;
-class UcxSessions;
+namespace kvtier::ucx {
 
 struct UcxServerOptions {
   std::string listen_address;  // host:port; port 0 = the kernel picks
@@ -28,31 +28,29 @@ struct UcxServerOptions {
   // this, and a host's oldest beyond the limit at once (PendingConnectionReaper).
   absl::Duration pending_connection_timeout = absl::Seconds(10);
   uint64_t max_pending_connections_per_host = 64;
-  // Takes a lease for a client's kLease as `who` (the endpoint's principal: an admin when tickets are
-  // not required), a serialized v1::ReadRequest in, a serialized v1::ReadResponse out, or an error
-  // (PERMISSION_DENIED for a namespace of another tenant), on a call thread (concurrently with other
-  // calls). Empty: the server offers no UCX leases.
-  using Handler = std::function<absl::StatusOr<std::string>(const Principal& who, std::string_view request)>;
-  Handler lease;
-  // Allocate and Commit for a client's kAllocate and kCommit, likewise (serialized v1::AllocateRequest
-  // and v1::CommitRequest in, their responses out), on a call thread. Both empty or both set:
-  // with both, the hello reply offers kTakesPuts.
-  Handler allocate;
-  Handler commit;
-  // Threads that run the handlers above (the store's lock, and the disk behind it, stay off the
+  // The control calls the hello reply offers (kTakesLeases: kLease; kTakesPuts: kAllocate and kCommit),
+  // answered through the source's Lease, Allocate and Commit. Off: such a call is answered
+  // FAILED_PRECONDITION. Default: both on.
+  bool offer_leases = true;
+  bool offer_puts = true;
+  // Threads that run the control calls (the store's lock, and the disk behind it, stay off the
   // progress thread). Default: 4.
   int call_threads = 4;
-  // The tickets of OpenUcxSession; borrowed, must outlive the UcxServer. Null or !required(): every
+  // With tickets required (the cache server has tokens or TLS), an endpoint is served only after its
+  // hello presented a ticket that `find_ticket` knows, and then as its principal. Not required: every
   // endpoint is served as an admin, as every gRPC call is without tokens.
-  const UcxSessions* sessions = nullptr;
+  bool tickets_required = false;
+  // The principal of a live session ticket (OpenUcxSession), or nullopt; called on the progress thread.
+  // Required with tickets_required.
+  std::function<std::optional<Principal>(std::string_view ticket)> find_ticket;
 };
 
-// A UCX (ucp) listener and one worker with its own progress thread. The host region of `store` is
-// registered once (ucp_mem_map). Payloads move as tagged messages straight between leased or reserved
-// slots and the network (kvtier/wire/ucx_messages.h): a client's kGet makes the server ucp_tag_send_nbx
-// each block from its pinned slot (PinForSend); a kPut makes it post ucp_tag_recv_nbx straight into the
-// reserved slots (PinForReceive) and answer kPutDone when every receive finished. Leases, reservations
-// and commits come over gRPC, or as kLease, kAllocate and kCommit (the options' handlers).
+// A UCX (ucp) listener and one worker (UcxWorker) with its own progress thread, over a HostBlockSource.
+// The source's host region is registered once (ucp_mem_map). Payloads move as tagged messages straight between leased
+// or reserved slots and the network (kvtier/ucx/ucx_messages.h): a client's kGet makes the server ucp_tag_send_nbx each
+// block from its pinned slot (PinForSend); a kPut makes it post ucp_tag_recv_nbx straight into the reserved slots
+// (PinForReceive) and answer kPutDone when every receive finished. Leases, reservations and commits come over gRPC, or
+// as kLease, kAllocate and kCommit (the source's Lease, Allocate, Commit).
 //
 // Protocol choice: tagged rendezvous on every transport. Measured here (TOOLCHAIN.md Part 2), tag_bw is
 // ~3.7 GB/s over tcp and ~20 GB/s over shared memory + cma (single-copy: the receiver's kernel copies
@@ -78,16 +76,16 @@ struct UcxServerOptions {
 // (SessionPutTag), so a peer cannot slip bytes into another endpoint's put by guessing its tag. The
 // plane has no encryption: a peer that can read the wire can read payloads and tickets.
 // Thread-safety: Start/Shutdown/port from any thread; everything else runs on the progress thread,
-// but for the control calls' handlers, which run on call_threads threads.
+// but for the control calls, which run on call_threads threads.
 class UcxServer {
  public:
   // Errors: InvalidArgument (bad address), Unavailable (UCX could not start or listen).
-  static absl::StatusOr<std::unique_ptr<UcxServer>> Start(const UcxServerOptions& options, BlockStore& store,
-                                                          ServerMetrics& metrics);
+  // `source` is borrowed and must outlive the server (Shutdown).
+  static absl::StatusOr<std::unique_ptr<UcxServer>> Start(const UcxServerOptions& options, HostBlockSource& source);
   ~UcxServer();  // Shutdown()
 
   // Closes the listener and every endpoint (force), completes or cancels what is in flight, unpins its
-  // slots and frees UCX. Idempotent. Must run before the store is destroyed.
+  // slots and frees UCX. Idempotent. Must run before the source is destroyed.
   void Shutdown();
 
   int port() const;  // the bound listener port
@@ -99,6 +97,6 @@ class UcxServer {
   std::unique_ptr<Impl> impl_;
 };
 
-}  // namespace kvtier::server
+}  // namespace kvtier::ucx
 
-#endif  // KVTIER_SERVER_SRC_TRANSPORT_UCX_SERVER_H_
+#endif  // KVTIER_UCX_UCX_SERVER_H_

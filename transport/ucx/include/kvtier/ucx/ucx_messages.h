@@ -1,5 +1,5 @@
-// The UCX bulk plane's small control messages and tag layout, shared by the server's transport
-// (cache_server/src/transport/) and the client library. Header-only, no UCX types.
+// The UCX bulk plane's small control messages and tag layout, shared by the block server (UcxServer)
+// and the block client (UcxClient). Header-only, no UCX types.
 //
 // Protocol (DESIGN.md §4, docs/architecture.md "UCX data plane"): gRPC is the control plane every
 // client can use; UCX carries payload bytes as tagged messages, plus these active messages (AM; leases,
@@ -66,8 +66,8 @@
 // server of different versions do not complete a hello (the client then moves its bytes over gRPC).
 // kAllocate and kCommit came within version 2, behind the kTakesPuts flag: a server without them does
 // not set it, and its clients reserve and commit over gRPC.
-#ifndef KVTIER_WIRE_UCX_MESSAGES_H_
-#define KVTIER_WIRE_UCX_MESSAGES_H_
+#ifndef KVTIER_UCX_UCX_MESSAGES_H_
+#define KVTIER_UCX_UCX_MESSAGES_H_
 
 #include <bit>
 #include <cstddef>
@@ -81,7 +81,7 @@
 
 #include "kvtier/common/capability_id.h"
 
-namespace kvtier::wire::ucx {
+namespace kvtier::ucx::msg {
 
 static_assert(std::endian::native == std::endian::little, "the UCX messages are little-endian in memory");
 static_assert(sizeof(CapabilityId) == CapabilityId::kBytes && std::is_trivially_copyable_v<CapabilityId>,
@@ -364,6 +364,6 @@ inline std::optional<Release> DecodeRelease(std::span<const std::byte> in) {
   return m;
 }
 
-}  // namespace kvtier::wire::ucx
+}  // namespace kvtier::ucx::msg
 
-#endif  // KVTIER_WIRE_UCX_MESSAGES_H_
+#endif  // KVTIER_UCX_UCX_MESSAGES_H_

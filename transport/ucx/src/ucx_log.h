@@ -1,11 +1,11 @@
-// Process-wide handling of one UCX log message that the UCX data plane must survive. Shared by the
-// server's transport (cache_server/src/transport/) and the client library.
-#ifndef KVTIER_WIRE_UCX_LOG_H_
-#define KVTIER_WIRE_UCX_LOG_H_
+// Process-wide handling of one UCX log message that the UCX data plane must survive (UcxContext::Create
+// installs it, for the block server and the block client alike).
+#ifndef KVTIER_UCX_SRC_UCX_LOG_H_
+#define KVTIER_UCX_SRC_UCX_LOG_H_
 
 #include <cstdint>
 
-namespace kvtier::wire::ucx {
+namespace kvtier::ucx {
 
 // UCX 1.13 treats a failed cma copy (process_vm_readv / process_vm_writev) on an endpoint without peer
 // failure handling as fatal and aborts the process. kvtier's endpoints run in that mode
@@ -23,6 +23,6 @@ void InstallCmaFailureHandler();
 // How many such failures the handler took since the process started. Thread-safe.
 uint64_t CmaFailures();
 
-}  // namespace kvtier::wire::ucx
+}  // namespace kvtier::ucx
 
-#endif  // KVTIER_WIRE_UCX_LOG_H_
+#endif  // KVTIER_UCX_SRC_UCX_LOG_H_

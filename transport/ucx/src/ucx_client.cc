@@ -1,10 +1,4 @@
-#include "client/ucx_client.h"
-
-#include <arpa/inet.h>
-#include <netdb.h>
-#include <poll.h>
-#include <sys/eventfd.h>
-#include <unistd.h>
+#include "kvtier/ucx/ucx_client.h"
 
 #include <ucp/api/ucp.h>
 
@@ -23,101 +17,14 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "kvtier/wire/ucx_log.h"
-#include "kvtier/wire/ucx_messages.h"
+#include "kvtier/ucx/ucx_messages.h"
+#include "ucx_get_lane.h"
+#include "ucx_worker.h"
 
-namespace kvtier::client {
+namespace kvtier::ucx {
 namespace {
 
-namespace msg = wire::ucx;
 using ItemStatus = UcxClient::ItemStatus;
-
-constexpr ucp_tag_t kFullMask = ~ucp_tag_t{0};
-constexpr int kIdleSpins = 256;  // progress calls with nothing done before the thread sleeps in poll()
-// After a missed deadline: how long to wait for cancelled receives, then for the force-closed
-// endpoint's requests to complete.
-constexpr absl::Duration kCancelGrace = absl::Milliseconds(50);
-constexpr absl::Duration kCloseGrace = absl::Seconds(1);
-
-absl::StatusOr<sockaddr_storage> ResolveIpv4(const std::string& host_port) {
-  const size_t colon = host_port.rfind(':');
-  int port = 0;
-  if (colon == std::string::npos || colon == 0 || !absl::SimpleAtoi(host_port.substr(colon + 1), &port) || port <= 0 ||
-      port > 65535) {
-    return absl::InvalidArgumentError(absl::StrCat("\"", host_port, "\" is not host:port"));
-  }
-  addrinfo hints{};
-  hints.ai_family = AF_INET;
-  addrinfo* res = nullptr;
-  const std::string host = host_port.substr(0, colon);
-  if (getaddrinfo(host.c_str(), nullptr, &hints, &res) != 0 || res == nullptr) {
-    return absl::UnavailableError(absl::StrCat("cannot resolve \"", host, "\""));
-  }
-  sockaddr_storage ss{};
-  std::memcpy(&ss, res->ai_addr, res->ai_addrlen);
-  freeaddrinfo(res);
-  reinterpret_cast<sockaddr_in*>(&ss)->sin_port = htons(static_cast<uint16_t>(port));
-  return ss;
-}
-
-// Single-copy transports: the receiver of a rendezvous reads the sender's buffer itself (its kernel, or
-// a mapping), on the receiving thread.
-constexpr const char* kSingleCopyTransports[] = {"cma", "knem", "xpmem"};
-
-// Whether `ep`'s rendezvous (RMA bandwidth) lanes include a single-copy transport, i.e. the server is on
-// this node and a received block is copied by the thread that receives it. UCX 1.13 has no query for an
-// endpoint's transports, so this reads ucp_ep_print_info's lane table, whose rows look like
-// "lane[1]:  3:cma/memory.0 md[3] -> addr[4].md[3]/cma/sysdev[255] rma_bw#0". Anything it cannot parse
-// counts as no, which keeps a Get on the progress thread (correct, only slower).
-bool HasSingleCopyLane(ucp_ep_h ep) {
-  char* text = nullptr;
-  size_t size = 0;
-  FILE* f = open_memstream(&text, &size);
-  if (f == nullptr) return false;
-  ucp_ep_print_info(ep, f);
-  std::fclose(f);
-  const std::string info(text, size);
-  std::free(text);
-  bool native = false;
-  size_t line_start = 0;
-  while (line_start < info.size() && !native) {
-    size_t line_end = info.find('\n', line_start);
-    if (line_end == std::string::npos) line_end = info.size();
-    const std::string_view line(info.data() + line_start, line_end - line_start);
-    line_start = line_end + 1;
-    const size_t lane = line.find("lane[");
-    if (lane == std::string_view::npos || line.find("rma_bw") == std::string_view::npos) continue;
-    const size_t colon = line.find("]:", lane);
-    if (colon == std::string_view::npos) continue;
-    size_t i = colon + 2;
-    while (i < line.size() && (line[i] == ' ' || (line[i] >= '0' && line[i] <= '9'))) ++i;
-    if (i >= line.size() || line[i] != ':') continue;
-    const size_t slash = line.find('/', i + 1);
-    if (slash == std::string_view::npos) continue;
-    const std::string_view transport = line.substr(i + 1, slash - i - 1);
-    for (const char* t : kSingleCopyTransports) native |= transport == t;
-  }
-  return native;
-}
-
-// Sends an eager active message (with a reply endpoint, so that the server knows the sender) whose
-// payload lives until its completion. Call on the thread that owns ep's worker.
-ucs_status_t SendEagerAm(ucp_ep_h ep, uint16_t id, std::string payload) {
-  auto* buf = new std::string(std::move(payload));
-  ucp_request_param_t p{};
-  p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
-  p.cb.send = [](void* request, ucs_status_t, void* user_data) {
-    delete static_cast<std::string*>(user_data);
-    ucp_request_free(request);
-  };
-  p.user_data = buf;
-  p.flags = UCP_AM_SEND_FLAG_EAGER | UCP_AM_SEND_FLAG_REPLY;
-  ucs_status_ptr_t r = ucp_am_send_nbx(ep, id, nullptr, 0, buf->data(), buf->size(), &p);
-  if (UCS_PTR_IS_PTR(r)) return UCS_OK;
-  delete buf;
-  return UCS_PTR_STATUS(r);
-}
-
 // One caller's transfer (or hello). Fields under mu are shared with the progress thread; `requests` is
 // touched by the progress thread only.
 struct Transfer {
@@ -145,298 +52,6 @@ struct Transfer {
   }
 };
 
-// One Get split over lanes: what the caller waits for. Buffers and on_arrival are borrowed (the caller
-// waits until remaining is 0).
-struct LaneGroup {
-  std::mutex mu;
-  std::condition_variable cv;
-  size_t remaining = 0;           // guarded by mu: lanes still working
-  std::vector<ItemStatus> items;  // item j is written by the one lane that has j, before it counts down
-  const std::function<void(size_t)>* on_arrival = nullptr;
-
-  void LaneDone() {
-    std::lock_guard<std::mutex> lock(mu);
-    if (--remaining == 0) cv.notify_all();
-  }
-};
-
-// One lane's share of a Get.
-struct LaneGet {
-  std::shared_ptr<LaneGroup> group;
-  UcxClient::EndpointId endpoint = 0;  // the main endpoint: names the server
-  std::string host_port;               // its UCX listener
-  std::string ticket;                  // the session ticket a new lane endpoint presents ("" = none)
-  CapabilityId lease_id;
-  absl::Time deadline;
-  std::vector<uint32_t> slots;    // items j of the group
-  std::vector<uint32_t> indices;  // their lease indices
-  std::vector<std::span<std::byte>> buffers;
-};
-
-// A get lane: a thread with its own UCX worker and its own endpoint to each server, receiving its share
-// of Gets (kvtier/wire/ucx_messages.h kGet) and running on_arrival on each block right after it landed.
-// Thread-safety: Post and Forget from any thread.
-class GetLane {
- public:
-  // Errors: Unavailable (no worker).
-  static absl::StatusOr<std::unique_ptr<GetLane>> Start(ucp_context_h context) {
-    auto lane = std::unique_ptr<GetLane>(new GetLane());
-    ucp_worker_params_t wp{};
-    wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
-    wp.thread_mode = UCS_THREAD_MODE_SINGLE;  // only the lane's thread calls UCX on it
-    if (ucs_status_t st = ucp_worker_create(context, &wp, &lane->worker_); st != UCS_OK) {
-      return absl::UnavailableError(absl::StrCat("ucp_worker_create: ", ucs_status_string(st)));
-    }
-    if (ucs_status_t st = ucp_worker_get_efd(lane->worker_, &lane->worker_fd_); st != UCS_OK) {
-      return absl::UnavailableError(absl::StrCat("ucp_worker_get_efd: ", ucs_status_string(st)));
-    }
-    // A lane's endpoint sends a hello (its ticket) but does not wait for the reply: its kGet follows on
-    // the same endpoint, in order. A refused endpoint is closed by the server; its Gets then fail.
-    ucp_am_handler_param_t hp{};
-    hp.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_FLAGS;
-    hp.id = msg::kHelloReply;
-    hp.cb = [](void*, const void*, size_t, void*, size_t, const ucp_am_recv_param_t*) -> ucs_status_t {
-      return UCS_OK;
-    };
-    hp.flags = UCP_AM_FLAG_WHOLE_MSG;
-    if (ucs_status_t st = ucp_worker_set_am_recv_handler(lane->worker_, &hp); st != UCS_OK) {
-      return absl::UnavailableError(absl::StrCat("ucp_worker_set_am_recv_handler: ", ucs_status_string(st)));
-    }
-    lane->thread_ = std::thread([l = lane.get()] { l->Run(); });
-    return lane;
-  }
-
-  ~GetLane() {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      stop_ = true;
-    }
-    cv_.notify_all();
-    if (thread_.joinable()) thread_.join();
-    std::vector<UcxClient::EndpointId> ids;
-    for (const auto& [id, ep] : eps_) ids.push_back(id);
-    for (auto id : ids) CloseEndpoint(id);
-    if (worker_ != nullptr) ucp_worker_destroy(worker_);
-  }
-
-  void Post(std::shared_ptr<LaneGet> get) {
-    Enqueue([this, get = std::move(get)] {
-      Work(*get);
-      get->group->LaneDone();
-    });
-  }
-  // Closes this lane's endpoint to the server of `endpoint`, if any.
-  void Forget(UcxClient::EndpointId endpoint) {
-    Enqueue([this, endpoint] { CloseEndpoint(endpoint); });
-  }
-
-  uint64_t abandoned() const { return abandoned_.load(std::memory_order_relaxed); }
-
- private:
-  // One receive; heap-allocated, since an abandoned receive may complete after its Get returned.
-  struct Recv {
-    GetLane* lane = nullptr;
-    size_t k = 0;  // position in the LaneGet
-    uint64_t expected = 0;
-    void* request = nullptr;
-    bool done = false;
-    ItemStatus status = ItemStatus::kError;
-  };
-
-  GetLane() = default;
-
-  void Enqueue(std::function<void()> fn) {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      queue_.push_back(std::move(fn));
-    }
-    cv_.notify_one();
-  }
-
-  void Run() {
-    for (;;) {
-      std::function<void()> fn;
-      {
-        std::unique_lock<std::mutex> lock(mu_);
-        cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
-        if (queue_.empty()) return;  // stopping
-        fn = std::move(queue_.front());
-        queue_.pop_front();
-      }
-      fn();
-    }
-  }
-
-  static void OnRecv(void* request, ucs_status_t status, const ucp_tag_recv_info_t* info, void* user_data) {
-    auto* r = static_cast<Recv*>(user_data);
-    ucp_request_free(request);
-    r->request = nullptr;
-    r->done = true;
-    if (status == UCS_OK && info != nullptr) {
-      if (info->length == r->expected) {
-        r->status = ItemStatus::kOk;
-      } else if (info->length == 0) {
-        r->status = ItemStatus::kUnavailable;  // the server could not send this block
-      }
-    }
-    if (r->lane->abandoned_recvs_.erase(r) > 0) delete r;  // its Get gave up on it earlier
-  }
-
-  void Work(LaneGet& g) {
-    LaneGroup& group = *g.group;
-    ucp_ep_h ep = absl::Now() < g.deadline ? EndpointFor(g) : nullptr;
-    if (ep == nullptr) return;  // every item stays kError
-    const size_t n = g.indices.size();
-    const uint64_t tag_base = next_tag_;
-    next_tag_ += n;
-    std::vector<Recv*> recvs(n, nullptr);
-    size_t pending = 0;
-    for (size_t k = 0; k < n; ++k) {
-      auto* r = new Recv{.lane = this, .k = k, .expected = g.buffers[k].size()};
-      ucp_request_param_t p{};
-      p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
-      p.cb.recv = &GetLane::OnRecv;
-      p.user_data = r;
-      ucs_status_ptr_t q =
-          ucp_tag_recv_nbx(worker_, g.buffers[k].data(), g.buffers[k].size(), tag_base + k, kFullMask, &p);
-      if (UCS_PTR_IS_PTR(q)) {
-        r->request = q;
-        recvs[k] = r;
-        ++pending;
-      } else {
-        delete r;
-      }
-    }
-    msg::GetRequest req{
-        .request_id = tag_base, .lease_id = g.lease_id, .tag_base = tag_base, .flags = 0, .indices = g.indices};
-    bool sent = pending == n && SendEagerAm(ep, msg::kGet, msg::Encode(req)) == UCS_OK;
-    // Progress until every receive completed; check each block as soon as it is in.
-    std::vector<uint8_t> seen(n, 0);  // 1: settled in time; 2: done after the deadline
-    auto settle = [&] {
-      for (size_t k = 0; k < n; ++k) {
-        Recv* r = recvs[k];
-        if (r == nullptr || !r->done || seen[k] != 0) continue;
-        seen[k] = 1;
-        --pending;
-        const uint32_t j = g.slots[k];
-        if (r->status == ItemStatus::kOk && group.on_arrival != nullptr && *group.on_arrival &&
-            absl::Now() < g.deadline) {
-          (*group.on_arrival)(j);
-        }
-        group.items[j] = r->status;
-      }
-    };
-    // Spin a little, then sleep until UCX has something: a lane that spun while waiting for the server
-    // would take a core from the server's sender on a small machine.
-    int idle = 0;
-    for (absl::Time now = absl::Now(); sent && pending > 0 && now < g.deadline; now = absl::Now()) {
-      if (ucp_worker_progress(worker_) != 0) {
-        settle();
-        idle = 0;
-        continue;
-      }
-      if (++idle < kIdleSpins) continue;
-      idle = 0;
-      if (ucp_worker_arm(worker_) == UCS_ERR_BUSY) continue;
-      pollfd fd = {.fd = worker_fd_, .events = POLLIN, .revents = 0};
-      poll(&fd, 1, static_cast<int>(std::clamp<int64_t>(absl::ToInt64Milliseconds(g.deadline - now) + 1, 1, 100)));
-    }
-    settle();
-    if (pending == 0) {
-      for (Recv* r : recvs) delete r;
-      return;
-    }
-    // Past the deadline (or the request could not go out): cancel what is unmatched, then force-close
-    // the endpoint, which completes the rest; only then may the caller's buffers be given back.
-    for (Recv* r : recvs) {
-      if (r != nullptr && !r->done) ucp_request_cancel(worker_, r->request);
-    }
-    auto count_done = [&] {  // too late to check or count: only whether UCX is done with the buffer
-      for (size_t k = 0; k < n; ++k) {
-        if (recvs[k] != nullptr && recvs[k]->done && seen[k] == 0) {
-          seen[k] = 2;  // done, but after the deadline
-          --pending;
-        }
-      }
-    };
-    const absl::Time cancel_until = absl::Now() + kCancelGrace;
-    while (pending > 0 && absl::Now() < cancel_until) {
-      ucp_worker_progress(worker_);
-      count_done();
-    }
-    if (pending > 0) {
-      CloseEndpoint(g.endpoint);
-      const absl::Time close_until = absl::Now() + kCloseGrace;
-      while (pending > 0 && absl::Now() < close_until) {
-        ucp_worker_progress(worker_);
-        count_done();
-      }
-    }
-    for (size_t k = 0; k < n; ++k) {
-      Recv* r = recvs[k];
-      if (r == nullptr) continue;
-      if (r->done) {
-        delete r;
-      } else {
-        abandoned_recvs_.insert(r);  // freed by its callback, if UCX ever completes it
-        abandoned_.fetch_add(1, std::memory_order_relaxed);
-      }
-      if (seen[k] != 1) group.items[g.slots[k]] = ItemStatus::kError;  // too late: not counted
-    }
-    CloseEndpoint(g.endpoint);  // no longer trusted
-  }
-
-  // This lane's endpoint to the server of g.endpoint, connected through its listener like the main one.
-  ucp_ep_h EndpointFor(const LaneGet& g) {
-    if (auto it = eps_.find(g.endpoint); it != eps_.end()) return it->second;
-    auto addr = ResolveIpv4(g.host_port);
-    if (!addr.ok()) return nullptr;
-    ucp_ep_params_t p{};
-    p.field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
-    p.flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER;
-    p.sockaddr.addr = reinterpret_cast<const sockaddr*>(&*addr);
-    p.sockaddr.addrlen = sizeof(sockaddr_in);
-    p.err_mode = UCP_ERR_HANDLING_MODE_NONE;  // as the main endpoint (UcxClient's class comment)
-    ucp_ep_h ep = nullptr;
-    if (ucp_ep_create(worker_, &p, &ep) != UCS_OK) return nullptr;
-    eps_[g.endpoint] = ep;
-    if (SendEagerAm(ep, msg::kHello, msg::Encode(msg::Hello{.nonce = 0, .ticket = g.ticket})) != UCS_OK) {
-      CloseEndpoint(g.endpoint);
-      return nullptr;
-    }
-    return ep;
-  }
-
-  void CloseEndpoint(UcxClient::EndpointId id) {
-    auto it = eps_.find(id);
-    if (it == eps_.end()) return;
-    ucp_ep_h ep = it->second;
-    eps_.erase(it);
-    ucp_request_param_t p{};
-    p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-    p.flags = UCP_EP_CLOSE_FLAG_FORCE;
-    ucs_status_ptr_t r = ucp_ep_close_nbx(ep, &p);
-    if (UCS_PTR_IS_PTR(r)) {
-      const absl::Time until = absl::Now() + kCloseGrace;
-      while (ucp_request_check_status(r) == UCS_INPROGRESS && absl::Now() < until) ucp_worker_progress(worker_);
-      ucp_request_free(r);
-    }
-  }
-
-  ucp_worker_h worker_ = nullptr;
-  int worker_fd_ = -1;  // owned by the worker
-  std::thread thread_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::function<void()>> queue_;  // guarded by mu_
-  bool stop_ = false;                        // guarded by mu_
-  std::atomic<uint64_t> abandoned_{0};
-  // The lane's thread only (and the destructor, after it stopped).
-  uint64_t next_tag_ = 1;
-  absl::flat_hash_map<UcxClient::EndpointId, ucp_ep_h> eps_;
-  absl::flat_hash_set<Recv*> abandoned_recvs_;
-};
-
 }  // namespace
 
 struct UcxClient::Impl {
@@ -451,10 +66,7 @@ struct UcxClient::Impl {
     uint64_t put_tag_key = 0;  // from the hello reply (SessionPutTag)
   };
 
-  ucp_context_h context = nullptr;
-  ucp_worker_h worker = nullptr;
-  int worker_fd = -1;
-  int wake_fd = -1;
+  std::unique_ptr<UcxWorker> worker;  // its context is the get lanes' too
   std::thread thread;
   std::atomic<bool> stop{false};
   std::atomic<uint64_t> next_tag{1};
@@ -481,57 +93,23 @@ struct UcxClient::Impl {
   absl::flat_hash_map<uint64_t, std::shared_ptr<Transfer>> pending_hello;  // by nonce
   absl::flat_hash_map<uint64_t, std::shared_ptr<Transfer>> pending_put;    // by request id
   absl::flat_hash_map<uint64_t, std::shared_ptr<Transfer>> pending_lease;  // by request id
-  std::vector<void*> closing;
-
-  ~Impl() {
-    if (wake_fd >= 0) close(wake_fd);
-  }
 
   absl::Status Init(const std::string& transports) {
-    ucp_config_t* config = nullptr;
-    if (ucp_config_read(nullptr, nullptr, &config) != UCS_OK) return absl::UnavailableError("ucp_config_read failed");
-    if (!transports.empty() && ucp_config_modify(config, "TLS", transports.c_str()) != UCS_OK) {
-      ucp_config_release(config);
-      return absl::InvalidArgumentError(absl::StrCat("ucx_transports: UCX rejects \"", transports, "\""));
-    }
-    ucp_params_t params{};
-    params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
-    params.features = UCP_FEATURE_TAG | UCP_FEATURE_AM | UCP_FEATURE_WAKEUP;
-    params.mt_workers_shared = 1;  // the progress thread's worker and the get lanes' workers
-    ucs_status_t st = ucp_init(&params, config, &context);
-    ucp_config_release(config);
-    if (st != UCS_OK) return absl::UnavailableError(absl::StrCat("ucp_init: ", ucs_status_string(st)));
-    ucp_worker_params_t wp{};
-    wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
-    wp.thread_mode = UCS_THREAD_MODE_SINGLE;  // only the progress thread calls UCX
-    if ((st = ucp_worker_create(context, &wp, &worker)) != UCS_OK) {
-      return absl::UnavailableError(absl::StrCat("ucp_worker_create: ", ucs_status_string(st)));
-    }
-    if ((st = ucp_worker_get_efd(worker, &worker_fd)) != UCS_OK) {
-      return absl::UnavailableError(absl::StrCat("ucp_worker_get_efd: ", ucs_status_string(st)));
-    }
-    wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-    if (wake_fd < 0) return absl::UnavailableError("eventfd failed");
-    auto set_handler = [&](uint16_t id, ucp_am_recv_callback_t cb) {
-      ucp_am_handler_param_t hp{};
-      hp.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG |
-                      UCP_AM_HANDLER_PARAM_FIELD_FLAGS;
-      hp.id = id;
-      hp.cb = cb;
-      hp.arg = this;
-      hp.flags = UCP_AM_FLAG_WHOLE_MSG;
-      return ucp_worker_set_am_recv_handler(worker, &hp);
-    };
-    if (set_handler(msg::kHelloReply, &Impl::OnHelloReply) != UCS_OK ||
-        set_handler(msg::kPutDone, &Impl::OnPutDone) != UCS_OK ||
-        set_handler(msg::kLeaseReply, &Impl::OnLeaseReply) != UCS_OK ||
-        set_handler(msg::kAllocateReply, &Impl::OnLeaseReply) != UCS_OK ||
-        set_handler(msg::kCommitReply, &Impl::OnLeaseReply) != UCS_OK) {
-      return absl::UnavailableError("ucp_worker_set_am_recv_handler failed");
+    auto context = UcxContext::Create(transports, "ucx_transports", /*several_workers=*/true);
+    if (!context.ok()) return context.status();
+    auto w = UcxWorker::Create(*std::move(context));
+    if (!w.ok()) return w.status();
+    worker = *std::move(w);
+    const std::pair<uint16_t, ucp_am_recv_callback_t> handlers[] = {{msg::kHelloReply, &Impl::OnHelloReply},
+                                                                    {msg::kPutDone, &Impl::OnPutDone},
+                                                                    {msg::kLeaseReply, &Impl::OnLeaseReply},
+                                                                    {msg::kAllocateReply, &Impl::OnLeaseReply},
+                                                                    {msg::kCommitReply, &Impl::OnLeaseReply}};
+    for (const auto& [id, cb] : handlers) {
+      if (absl::Status s = worker->SetAmHandler(id, cb, this); !s.ok()) return s;
     }
     return absl::OkStatus();
   }
-
   // The progress thread has stopped (or never started).
   void Destroy() {
     {
@@ -539,43 +117,27 @@ struct UcxClient::Impl {
       lanes.clear();  // joins their threads and closes their endpoints
     }
     if (worker != nullptr) {
-      for (auto& [id, e] : endpoints) CloseLocked(e.ep);
-      const absl::Time until = absl::Now() + kCloseGrace;
-      while (!closing.empty() && absl::Now() < until) {
-        ucp_worker_progress(worker);
-        ReapCloses();
-      }
-      for (void* r : closing) ucp_request_free(r);
-      closing.clear();
+      for (auto& [id, e] : endpoints) worker->CloseEndpoint(e.ep);
+      worker->DrainCloses(absl::Now() + kCloseGrace);
       endpoints.clear();
-      ucp_worker_destroy(worker);
-      worker = nullptr;
+      worker.reset();
     }
-    if (context != nullptr) ucp_cleanup(context);
-    context = nullptr;
   }
 
   // ---- progress thread ----
 
   void Run() {
-    int idle = 0;
-    while (!stop.load(std::memory_order_acquire)) {
-      if (queued.load(std::memory_order_acquire)) RunCommands();
-      if (ucp_worker_progress(worker) != 0) {
-        idle = 0;
-        continue;
-      }
-      ReapCloses();
-      if (++idle < kIdleSpins) continue;
-      idle = 0;
-      if (queued.load(std::memory_order_acquire)) continue;
-      if (ucp_worker_arm(worker) == UCS_ERR_BUSY) continue;
-      pollfd fds[2] = {{.fd = worker_fd, .events = POLLIN, .revents = 0},
-                       {.fd = wake_fd, .events = POLLIN, .revents = 0}};
-      poll(fds, 2, 100);
-      uint64_t drained;
-      if (fds[1].revents != 0) (void)!read(wake_fd, &drained, sizeof(drained));
-    }
+    worker->Run([this] { return !stop.load(std::memory_order_acquire); },
+                [this](bool progressed) {
+                  if (queued.load(std::memory_order_acquire)) {
+                    RunCommands();
+                    return true;
+                  }
+                  if (progressed) return true;
+                  worker->ReapCloses();
+                  return false;
+                },
+                [] { return absl::Milliseconds(100); });
     RunCommands();  // a Close() queued last
   }
 
@@ -595,16 +157,7 @@ struct UcxClient::Impl {
       queue.push_back(std::move(fn));
       queued.store(true, std::memory_order_release);
     }
-    const uint64_t one = 1;
-    (void)!write(wake_fd, &one, sizeof(one));
-  }
-
-  void CloseLocked(ucp_ep_h ep) {
-    ucp_request_param_t p{};
-    p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-    p.flags = UCP_EP_CLOSE_FLAG_FORCE;
-    ucs_status_ptr_t r = ucp_ep_close_nbx(ep, &p);
-    if (UCS_PTR_IS_PTR(r)) closing.push_back(r);
+    worker->Wake();
   }
 
   void CloseEndpoint(EndpointId id) {
@@ -613,19 +166,7 @@ struct UcxClient::Impl {
     ucp_ep_h ep = it->second.ep;
     endpoints.erase(it);
     endpoint_ids.erase(ep);
-    CloseLocked(ep);
-  }
-
-  void ReapCloses() {
-    for (size_t i = 0; i < closing.size();) {
-      if (ucp_request_check_status(closing[i]) != UCS_INPROGRESS) {
-        ucp_request_free(closing[i]);
-        closing[i] = closing.back();
-        closing.pop_back();
-      } else {
-        ++i;
-      }
-    }
+    worker->CloseEndpoint(ep);
   }
 
   // The endpoint to run on, or null (and every item failed) when it is unknown or failed.
@@ -648,10 +189,7 @@ struct UcxClient::Impl {
   static ucs_status_t OnHelloReply(void* arg, const void*, size_t, void* data, size_t length,
                                    const ucp_am_recv_param_t* param) {
     auto* self = static_cast<Impl*>(arg);
-    if ((param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0) {
-      ucp_am_data_release(self->worker, data);
-      return UCS_OK;
-    }
+    if (self->worker->DropRendezvous(data, param)) return UCS_OK;
     auto reply = msg::DecodeHelloReply({static_cast<const std::byte*>(data), length});
     if (!reply.has_value()) return UCS_OK;
     auto it = self->pending_hello.find(reply->nonce);
@@ -685,7 +223,7 @@ struct UcxClient::Impl {
       ucp_ep_h ep = UsableEndpoint(endpoint, *t);
       if (ep == nullptr) return;
       pending_lease[request_id] = t;
-      if (SendEagerAm(ep, id, std::move(payload)) != UCS_OK) {
+      if (UcxWorker::SendEagerAm(ep, id, std::move(payload), /*reply=*/true) != UCS_OK) {
         pending_lease.erase(request_id);
         std::unique_lock<std::mutex> lock(t->mu);
         t->failed = true;
@@ -707,10 +245,7 @@ struct UcxClient::Impl {
   static ucs_status_t OnLeaseReply(void* arg, const void*, size_t, void* data, size_t length,
                                    const ucp_am_recv_param_t* param) {
     auto* self = static_cast<Impl*>(arg);
-    if ((param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0) {
-      ucp_am_data_release(self->worker, data);
-      return UCS_OK;
-    }
+    if (self->worker->DropRendezvous(data, param)) return UCS_OK;
     auto reply = msg::DecodeLeaseMessage({static_cast<const std::byte*>(data), length}, /*reply=*/true);
     if (!reply.has_value()) return UCS_OK;
     auto it = self->pending_lease.find(reply->request_id);
@@ -728,10 +263,7 @@ struct UcxClient::Impl {
   static ucs_status_t OnPutDone(void* arg, const void*, size_t, void* data, size_t length,
                                 const ucp_am_recv_param_t* param) {
     auto* self = static_cast<Impl*>(arg);
-    if ((param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0) {
-      ucp_am_data_release(self->worker, data);
-      return UCS_OK;
-    }
+    if (self->worker->DropRendezvous(data, param)) return UCS_OK;
     auto done = msg::DecodePutDone({static_cast<const std::byte*>(data), length});
     if (!done.has_value()) return UCS_OK;
     auto it = self->pending_put.find(done->request_id);
@@ -817,7 +349,7 @@ struct UcxClient::Impl {
     Enqueue([this, t, forget] {
       forget();
       for (void* r : t->requests) {
-        if (r != nullptr) ucp_request_cancel(worker, r);  // unmatched receives complete as cancelled
+        if (r != nullptr) ucp_request_cancel(worker->get(), r);  // unmatched receives complete as cancelled
       }
     });
     {
@@ -837,14 +369,12 @@ UcxClient::UcxClient(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 UcxClient::~UcxClient() {
   impl_->stop.store(true, std::memory_order_release);
-  const uint64_t one = 1;
-  (void)!write(impl_->wake_fd, &one, sizeof(one));
+  impl_->worker->Wake();
   if (impl_->thread.joinable()) impl_->thread.join();
   impl_->Destroy();
 }
 
 absl::StatusOr<std::unique_ptr<UcxClient>> UcxClient::Create(const std::string& transports, int get_lanes) {
-  wire::ucx::InstallCmaFailureHandler();
   auto impl = std::make_unique<Impl>();
   impl->get_lanes = std::max(1, get_lanes);
   if (absl::Status s = impl->Init(transports); !s.ok()) {
@@ -870,7 +400,7 @@ uint64_t UcxClient::abandoned_requests() const {
 
 absl::StatusOr<UcxClient::Connection> UcxClient::Connect(const std::string& host_port, absl::Time deadline,
                                                          const std::string& ticket) {
-  auto addr = ResolveIpv4(host_port);
+  auto addr = ResolveIpv4(host_port, /*min_port=*/1);
   if (!addr.ok()) return addr.status();
   Impl& im = *impl_;
   const EndpointId id = im.next_id.fetch_add(1);
@@ -879,26 +409,19 @@ absl::StatusOr<UcxClient::Connection> UcxClient::Connect(const std::string& host
   t->remaining = 1;
   t->endpoint = id;
   im.Enqueue([&im, t, id, nonce, ticket, addr = *addr] {
-    ucp_ep_params_t p{};
-    p.field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
-                   UCP_EP_PARAM_FIELD_ERR_HANDLER;
-    p.flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER;
-    p.sockaddr.addr = reinterpret_cast<const sockaddr*>(&addr);
-    p.sockaddr.addrlen = sizeof(sockaddr_in);
-    p.err_mode = UCP_ERR_HANDLING_MODE_NONE;  // see the class comment
-    p.err_handler.cb = &Impl::OnEpError;
-    p.err_handler.arg = &im;
-    ucp_ep_h ep = nullptr;
-    if (ucp_ep_create(im.worker, &p, &ep) != UCS_OK) {
+    absl::StatusOr<ucp_ep_h> connected = im.worker->Connect(addr, &Impl::OnEpError, &im);
+    if (!connected.ok()) {
       std::unique_lock<std::mutex> lock(t->mu);
       t->failed = true;
       t->Done(lock);
       return;
     }
+    ucp_ep_h ep = *connected;
     im.endpoints[id] = {.ep = ep};
     im.endpoint_ids[ep] = id;
     im.pending_hello[nonce] = t;
-    if (SendEagerAm(ep, msg::kHello, msg::Encode(msg::Hello{.nonce = nonce, .ticket = ticket})) != UCS_OK) {
+    if (UcxWorker::SendEagerAm(ep, msg::kHello, msg::Encode(msg::Hello{.nonce = nonce, .ticket = ticket}), true) !=
+        UCS_OK) {
       im.pending_hello.erase(nonce);
       std::unique_lock<std::mutex> lock(t->mu);
       t->failed = true;
@@ -973,7 +496,7 @@ UcxClient::TransferResult UcxClient::Get(EndpointId endpoint, const CapabilityId
       std::lock_guard<std::mutex> lock(im.lanes_mu);
       if (im.lanes.empty() && !im.lanes_failed) {
         for (int i = 0; i < im.get_lanes; ++i) {
-          auto lane = GetLane::Start(im.context);
+          auto lane = GetLane::Start(im.worker->shared_context());
           if (!lane.ok()) break;
           im.lanes.push_back(std::move(lane).value());
         }
@@ -1013,7 +536,8 @@ UcxClient::TransferResult UcxClient::Get(EndpointId endpoint, const CapabilityId
       im.Enqueue([p = impl_.get(), endpoint, lease_id] {
         auto it = p->endpoints.find(endpoint);
         if (it != p->endpoints.end() && !it->second.failed) {
-          (void)SendEagerAm(it->second.ep, msg::kRelease, msg::Encode(msg::Release{.lease_id = lease_id}));
+          (void)UcxWorker::SendEagerAm(it->second.ep, msg::kRelease, msg::Encode(msg::Release{.lease_id = lease_id}),
+                                       /*reply=*/true);
         }
       });
     }
@@ -1041,7 +565,8 @@ UcxClient::TransferResult UcxClient::Get(EndpointId endpoint, const CapabilityId
       p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
       p.cb.recv = &Impl::OnRecvDone;
       p.user_data = op;
-      ucs_status_ptr_t r = ucp_tag_recv_nbx(im.worker, bufs[j].data(), bufs[j].size(), tag_base + j, kFullMask, &p);
+      ucs_status_ptr_t r =
+          ucp_tag_recv_nbx(im.worker->get(), bufs[j].data(), bufs[j].size(), tag_base + j, kFullTagMask, &p);
       if (UCS_PTR_IS_PTR(r)) {
         t->requests[j] = r;
       } else {
@@ -1051,13 +576,13 @@ UcxClient::TransferResult UcxClient::Get(EndpointId endpoint, const CapabilityId
         t->Done(lock);
       }
     }
-    if (SendEagerAm(ep, msg::kGet, std::move(payload)) != UCS_OK) {
+    if (UcxWorker::SendEagerAm(ep, msg::kGet, std::move(payload), /*reply=*/true) != UCS_OK) {
       {
         std::lock_guard<std::mutex> lock(t->mu);
         t->failed = true;
       }
       for (void* r : t->requests) {
-        if (r != nullptr) ucp_request_cancel(im.worker, r);
+        if (r != nullptr) ucp_request_cancel(im.worker->get(), r);
       }
     }
   });
@@ -1098,7 +623,7 @@ UcxClient::TransferResult UcxClient::Put(EndpointId endpoint, const CapabilityId
     if (ep == nullptr) return;
     const uint64_t put_tag_key = im.endpoints[endpoint].put_tag_key;
     im.pending_put[request_id] = t;
-    if (SendEagerAm(ep, msg::kPut, std::move(payload)) != UCS_OK) {
+    if (UcxWorker::SendEagerAm(ep, msg::kPut, std::move(payload), /*reply=*/true) != UCS_OK) {
       im.pending_put.erase(request_id);
       std::unique_lock<std::mutex> lock(t->mu);
       t->failed = true;
@@ -1139,4 +664,4 @@ UcxClient::TransferResult UcxClient::Put(EndpointId endpoint, const CapabilityId
   return result;
 }
 
-}  // namespace kvtier::client
+}  // namespace kvtier::ucx
