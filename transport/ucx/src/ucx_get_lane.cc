@@ -44,8 +44,8 @@ bool HasSingleCopyLane(ucp_ep_h ep) {
     if (i >= line.size() || line[i] != ':') continue;
     const size_t slash = line.find('/', i + 1);
     if (slash == std::string_view::npos) continue;
-    const std::string_view transport = line.substr(i + 1, slash - i - 1);
-    for (const char* t : kSingleCopyTransports) native |= transport == t;
+    const std::string_view uct_name = line.substr(i + 1, slash - i - 1);  // a UCT transport, e.g. "cma"
+    for (const char* t : kSingleCopyTransports) native |= uct_name == t;
   }
   return native;
 }
