@@ -34,6 +34,7 @@ absl::StatusOr<std::unique_ptr<Authenticator>> Authenticator::Create(const Serve
     Principal p{.role = t.role == "admin" ? Principal::Role::kAdmin : Principal::Role::kWorker,
                 .tenant = t.role == "admin" ? std::string() : t.tenant,
                 .tenant_id = t.role == "admin" ? 0 : TenantId(t.tenant)};
+    if (!p.admin()) metrics.DeclareTenant(p.tenant);
     if (!auth->tokens_.emplace(t.token_sha256, std::move(p)).second) {
       return absl::InvalidArgumentError(
           absl::StrCat("auth: token with sha256 ", t.token_sha256.substr(0, 12), "... is listed twice"));

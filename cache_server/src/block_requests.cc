@@ -32,7 +32,8 @@ absl::StatusOr<BlockRequests::Admitted> BlockRequests::Admit(const Principal& wh
   if (!keys.ok()) return keys.status();
   Admitted a;
   a.ns = NamespaceRef{.id = ns->Id(), .tenant_id = TenantId(ns->tenant), .block_bytes = block_bytes};
-  namespaces_.Remember(a.ns.id, ns->tenant, ns->model);
+  // A tenant's refusal counter is exported (at 0) from its first namespace on, not from its first refusal.
+  if (namespaces_.Remember(a.ns.id, ns->tenant, ns->model)) metrics_.DeclareTenant(ns->tenant);
   a.tenant = ns->tenant;
   a.keys = std::move(keys).value();
   const NamespaceOptions* settings = options_.FindNamespace(ns->tenant, ns->model);

@@ -18,13 +18,14 @@ class NamespaceRegistry {
  public:
   static constexpr size_t kMaxNamespaces = 4096;
 
-  void Remember(uint64_t id, const std::string& tenant, const std::string& model) {
+  // Returns true when `id` was not remembered before and is now.
+  bool Remember(uint64_t id, const std::string& tenant, const std::string& model) {
     {
       std::shared_lock<std::shared_mutex> lock(mu_);
-      if (names_.contains(id) || names_.size() >= kMaxNamespaces) return;
+      if (names_.contains(id) || names_.size() >= kMaxNamespaces) return false;
     }
     std::unique_lock<std::shared_mutex> lock(mu_);
-    if (names_.size() < kMaxNamespaces) names_.try_emplace(id, tenant, model);
+    return names_.size() < kMaxNamespaces && names_.try_emplace(id, tenant, model).second;
   }
 
   // (tenant, model) of `id`, if seen since start.

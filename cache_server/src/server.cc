@@ -260,6 +260,10 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
     }
   }
   impl->metrics = std::make_unique<ServerMetrics>(*impl->store, options.node_id);
+  // Tenants named by the configuration have their per-tenant counters from the start (the token
+  // tenants are declared by the Authenticator, the others from their first namespace on).
+  for (const auto& [tenant, bytes] : options.tenant_quotas) impl->metrics->DeclareTenant(tenant);
+  for (const NamespaceOptions& ns : options.namespaces) impl->metrics->DeclareTenant(ns.tenant);
   auto auth = Authenticator::Create(impl->options, *impl->metrics);
   if (!auth.ok()) return auth.status();
   impl->auth = std::move(auth).value();

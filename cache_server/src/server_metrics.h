@@ -88,6 +88,9 @@ class ServerMetrics {
   // Present blocks answered absent to `tenant` because leasing them would take it past its pinned bound
   // (BlockStoreOptions::tenant_pinned_share): kvtier_lease_refusals_total{tenant, reason="pinned_bound"}.
   void CountPinnedRefusals(const std::string& tenant, uint64_t blocks);
+  // Exports `tenant`'s per-tenant counters (at 0 until counted), so that a dashboard sees the series
+  // before the first refusal. Idempotent; called for configured tenants and each newly seen namespace's.
+  void DeclareTenant(const std::string& tenant) { CountPinnedRefusals(tenant, 0); }
   // The count so far for `tenant` (0 for a tenant never refused).
   uint64_t pinned_refusals(const std::string& tenant) const;
   std::vector<std::pair<std::string, uint64_t>> PinnedRefusalsSnapshot() const;  // (tenant, blocks)

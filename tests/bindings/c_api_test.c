@@ -182,6 +182,67 @@ typedef struct first_release_client_options {
 /* kvtier_client_stats_t of the first release: 15 counters. */
 enum { kFirstReleaseStatsBytes = 8 + 15 * 8 };
 
+/* What kvtier_client_server_stats_foreach reported. */
+typedef struct server_tally {
+  size_t samples;
+  size_t gauges;
+  size_t failed_members;
+  size_t without_address;
+  uint64_t committed_blocks;
+  int saw_committed_blocks; /* once per member */
+  int saw_host_capacity;    /* once per member */
+  size_t members;           /* address changes between consecutive calls: the members reported in turn */
+  char last_address[256];
+} server_tally;
+
+static void tally_server_counter(void* ctx, const char* address, const char* node_id, kvtier_status_code member_status,
+                                 const char* name, uint64_t value, int is_gauge) {
+  server_tally* t = (server_tally*)ctx;
+  (void)node_id;
+  if (address == NULL || address[0] == '\0') {
+    ++t->without_address;
+  } else if (strcmp(address, t->last_address) != 0) {
+    ++t->members;
+    snprintf(t->last_address, sizeof(t->last_address), "%s", address);
+  }
+  if (member_status != KVTIER_OK) {
+    ++t->failed_members;
+    fprintf(stderr, "server_stats: %s: %s: %s\n", address, kvtier_status_code_name(member_status), name);
+    return;
+  }
+  ++t->samples;
+  if (is_gauge) ++t->gauges;
+  if (strcmp(name, "kvtier_committed_blocks_total") == 0) {
+    t->committed_blocks += value;
+    ++t->saw_committed_blocks;
+  }
+  if (strcmp(name, "kvtier_capacity_bytes{tier=\"host\"}") == 0 && is_gauge && value > 0) ++t->saw_host_capacity;
+}
+
+/* The server's counters through the client: every sample of GetStats, the puts made so far counted. */
+static void check_server_stats(kvtier_client_t* client, size_t num_members, uint64_t at_least_committed) {
+  server_tally t;
+  kvtier_error_t err;
+  kvtier_status_code rc;
+  memset(&t, 0, sizeof(t));
+  CHECK_OK(kvtier_client_server_stats_foreach(client, 5000, tally_server_counter, &t, NULL));
+  CHECK(t.failed_members == 0, "%zu member(s) gave no counters", t.failed_members);
+  CHECK(t.without_address == 0, "%zu sample(s) without the member's address", t.without_address);
+  CHECK(t.members == num_members, "counters of %zu member(s), want %zu", t.members, num_members);
+  CHECK(t.samples >= 40 * num_members, "only %zu server samples", t.samples);
+  CHECK(t.gauges > 0 && t.gauges < t.samples, "%zu gauges of %zu samples", t.gauges, t.samples);
+  CHECK(t.saw_committed_blocks == (int)num_members && t.committed_blocks >= at_least_committed,
+        "kvtier_committed_blocks_total %llu (seen %d times), want >= %llu", (unsigned long long)t.committed_blocks,
+        t.saw_committed_blocks, (unsigned long long)at_least_committed);
+  CHECK(t.saw_host_capacity == (int)num_members, "kvtier_capacity_bytes{tier=\"host\"} seen %d times",
+        t.saw_host_capacity);
+  rc = kvtier_client_server_stats_foreach(client, 0, tally_server_counter, &t, &err);
+  CHECK(rc == KVTIER_INVALID_ARGUMENT && strstr(err.message, "timeout_ms") != NULL, "timeout 0: %s: %s",
+        kvtier_status_code_name(rc), err.message);
+  rc = kvtier_client_server_stats_foreach(client, 5000, NULL, &t, &err);
+  CHECK(rc == KVTIER_INVALID_ARGUMENT, "server stats without fn: %s", kvtier_status_code_name(rc));
+}
+
 /* What kvtier_client_stats_foreach reported: how many counters, and the value of put_blocks. */
 typedef struct counter_tally {
   size_t counters;
@@ -304,6 +365,7 @@ static void check_versioned_options(const char* const* members, size_t num_membe
       rc = kvtier_client_stats_foreach(client, NULL, &tally, &err);
       CHECK(rc == KVTIER_INVALID_ARGUMENT, "foreach without fn: %s", kvtier_status_code_name(rc));
     }
+    check_server_stats(client, num_members, 4);
     kvtier_client_close(client);
     client = NULL;
   }

@@ -151,6 +151,21 @@ class SecureServerTest(unittest.TestCase):
             self.assertEqual(ca.get(a, fps, got), [kvtier.GetResult.HIT] * 4)
             np.testing.assert_array_equal(got, data)  # tenant B changed nothing
 
+    def test_server_stats_need_an_admin_token_and_name_every_configured_tenant(self):
+        with self.client(auth_token=TOKEN_A) as c:
+            [worker] = c.server_stats()
+        self.assertFalse(worker["ok"])
+        self.assertEqual(worker["code"], "PERMISSION_DENIED")
+        self.assertEqual(worker["counters"], {})
+        with self.client(auth_token=TOKEN_ADMIN) as c:
+            [admin] = c.server_stats()
+        self.assertTrue(admin["ok"], admin)
+        self.assertGreater(admin["counters"]['kvtier_rejections_total{reason="permission_denied"}'], 0)
+        # Each token's tenant has its refusal series from the start, at 0 until refused.
+        for tenant in ("tenant-a", "tenant-b"):
+            self.assertEqual(
+                admin["counters"][f'kvtier_lease_refusals_total{{tenant="{tenant}",reason="pinned_bound"}}'], 0)
+
     def test_an_event_subscriber_with_an_admin_token_follows_the_server_over_mutual_tls(self):
         ns = namespace("tenant-a")
         fps = kvtier.fingerprints(ns, prompt(3, 8))

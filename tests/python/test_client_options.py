@@ -260,5 +260,46 @@ class ClientKeywordsTest(unittest.TestCase):
             self.assertEqual(m["transport"], "grpc")
 
 
+
+class ServerStatsTest(unittest.TestCase):
+    """server_stats(): every member's GetStats counters, and a member that is down says why."""
+
+    def test_every_members_counters_count_the_puts_and_a_dead_member_says_why(self):
+        cluster = kvtier_cluster.Cluster(2, prefix="stats")
+        self.addCleanup(cluster.stop)
+        ns = kvtier.Namespace(kvtier_cluster.unique("stats"), "m", num_layers=2, num_kv_heads=2, head_dim=32,
+                              block_tokens=16)
+        fps = kvtier.fingerprints(ns, [(i * 7919) % 50000 for i in range(16 * 12)])
+        data = bytes(range(256)) * (12 * ns.block_bytes // 256)
+        blocks = [data[i * ns.block_bytes:(i + 1) * ns.block_bytes] for i in range(12)]
+        with kvtier.Client(cluster.members, transport="grpc", rpc_timeout=2, health_check_interval=60) as c:
+            before = c.server_stats()
+            self.assertEqual([m["address"] for m in before], cluster.members)
+            for m in before:
+                self.assertTrue(m["ok"], m)
+                self.assertEqual((m["code"], m["error"]), ("OK", ""))
+                self.assertEqual(set(m), {"address", "node_id", "ok", "code", "error", "counters", "kinds"})
+                self.assertIn(m["node_id"], ("stats-1", "stats-2"))
+                self.assertEqual(set(m["counters"]), set(m["kinds"]))
+                self.assertGreater(len(m["counters"]), 40)
+                self.assertTrue(all(re.fullmatch(r"kvtier_[a-z0-9_]+(\{.*\})?", n) for n in m["counters"]))
+                self.assertEqual(m["kinds"]['kvtier_capacity_bytes{tier="host"}'], "gauge")
+                self.assertEqual(m["kinds"]["kvtier_committed_blocks_total"], "counter")
+            self.assertEqual(c.put(ns, fps, blocks), [kvtier.PutResult.STORED] * 12)
+            after = c.server_stats()
+            committed = sum(a["counters"]["kvtier_committed_blocks_total"] - b["counters"]["kvtier_committed_blocks_total"]
+                            for a, b in zip(after, before))
+            self.assertEqual(committed, 12)
+
+            cluster.servers[1].kill()
+            dead = c.server_stats(timeout=datetime.timedelta(seconds=2))
+            self.assertTrue(dead[0]["ok"], dead[0])
+            self.assertFalse(dead[1]["ok"])
+            self.assertIn(dead[1]["code"], ("UNAVAILABLE", "DEADLINE_EXCEEDED"))
+            self.assertTrue(dead[1]["error"])
+            self.assertEqual((dead[1]["counters"], dead[1]["node_id"]), ({}, "stats-2"))
+            with self.assertRaises((TypeError, ValueError)):
+                c.server_stats(timeout=-1)
+
 if __name__ == "__main__":
     unittest.main()

@@ -362,4 +362,26 @@ kvtier_status_code kvtier_client_stats_foreach(const kvtier_client_t* client, kv
   return Report(absl::OkStatus(), error);
 }
 
+kvtier_status_code kvtier_client_server_stats_foreach(const kvtier_client_t* client, int64_t timeout_ms,
+                                                      kvtier_server_counter_fn fn, void* ctx, kvtier_error_t* error) {
+  if (client == nullptr) return Invalid("client: must not be NULL", error);
+  if (fn == nullptr) return Invalid("fn: must not be NULL", error);
+  if (timeout_ms <= 0) return Invalid(absl::StrCat("timeout_ms: must be > 0, not ", timeout_ms), error);
+  return Guard(error, [&] {
+    for (const kvtier::client::MemberStats& m : client->client->ServerStats(absl::Milliseconds(timeout_ms))) {
+      if (!m.status.ok()) {
+        const std::string message(m.status.message());
+        fn(ctx, m.address.c_str(), m.node_id.c_str(), static_cast<kvtier_status_code>(m.status.code()), message.c_str(),
+           0, 0);
+        continue;
+      }
+      for (const kvtier::client::ServerCounter& c : m.counters) {
+        fn(ctx, m.address.c_str(), m.node_id.c_str(), KVTIER_OK, c.name.c_str(), c.value,
+           c.kind == kvtier::CounterKind::kGauge ? 1 : 0);
+      }
+    }
+    return absl::OkStatus();
+  });
+}
+
 }  // extern "C"

@@ -702,6 +702,37 @@ py::list Members(const PyClient& self) {
   return out;
 }
 
+// Client::ServerStats as a list of dicts (see the "server_stats" docstring).
+py::list ServerStatsOf(const PyClient& self, py::handle timeout) {
+  std::shared_ptr<Client> c = self.Get();
+  const absl::Duration t = ToDuration(timeout, "timeout");
+  if (t <= absl::ZeroDuration()) throw py::value_error("timeout: must be > 0");
+  std::vector<client::MemberStats> stats;
+  {
+    py::gil_scoped_release release;
+    stats = c->ServerStats(t);
+  }
+  py::list out;
+  for (const client::MemberStats& m : stats) {
+    py::dict counters;
+    py::dict kinds;
+    for (const client::ServerCounter& s : m.counters) {
+      counters[py::str(s.name)] = py::int_(s.value);
+      kinds[py::str(s.name)] = py::str(CounterKindName(s.kind));
+    }
+    py::dict d;
+    d["address"] = m.address;
+    d["node_id"] = m.node_id;
+    d["ok"] = m.status.ok();
+    d["error"] = m.status.ok() ? std::string() : m.status.ToString();
+    d["code"] = absl::StatusCodeToString(m.status.code());
+    d["counters"] = counters;
+    d["kinds"] = kinds;
+    out.append(std::move(d));
+  }
+  return out;
+}
+
 // Makes the members of a result enum compare with ints by value (GetResult.HIT == 0, MISS > HIT), as
 // enum.IntEnum members do. py::arithmetic() alone does not: for a scoped enum (enum class) pybind11's
 // comparisons accept only members of the same enum. Members still hash as their value (pybind11's
@@ -972,6 +1003,14 @@ appears here too.)doc")
       .def("stats_info", &StatsInfoOf, R"doc(
 Every counter of stats() with its description: a list of dicts {name, value, help, kind} in the C++
 list's order (kind is 'counter' for all of them), e.g. to export them to a metrics system.)doc")
+      .def("server_stats", &ServerStatsOf, py::arg("timeout") = 5.0, R"doc(
+Every member's server counters now, as its admin GetStats RPC answers them (the samples its /metrics
+serves: store, tiers, leases, quotas, UCX, events and every other component's), asked of all members
+at once, each within `timeout` (seconds or datetime.timedelta). A list, one dict per member in
+members() order: address, node_id, ok (bool), code ('OK', 'UNAVAILABLE', 'PERMISSION_DENIED' for a
+worker token: GetStats is an admin RPC, ...), error ('' when ok), counters {sample name: int}, e.g.
+'kvtier_lookup_blocks_total{result="hit"}', and kinds {sample name: 'counter' | 'gauge'}. Never
+raises for a member that does not answer: its entry says why.)doc")
       .def("members", &Members, R"doc(
 Every member as this client sees it, static ones first: dicts with node_id ('' until it answered),
 address, from_dns, in_ring, health ('unknown' | 'healthy' | 'ejected'), consecutive_failures,

@@ -17,6 +17,7 @@
 #include "client/read_plan.h"
 #include "client/refusal.h"
 #include "client/replication.h"
+#include "client/server_stats.h"
 #include "client/transport_mode.h"
 #include "client/ucx_endpoints.h"
 #include "kvtier/client/dns_resolver.h"
@@ -295,6 +296,10 @@ const ClientStats& Client::stats() const { return impl_->stats; }
 
 absl::Status Client::FlushReplicas(absl::Duration timeout) {
   return impl_->replicator == nullptr ? absl::OkStatus() : impl_->replicator->Flush(timeout);
+}
+
+std::vector<MemberStats> Client::ServerStats(absl::Duration timeout) const {
+  return AskServerStats(impl_->membership->Members(), timeout);
 }
 
 HashRing Client::ring() const { return impl_->View()->ring; }

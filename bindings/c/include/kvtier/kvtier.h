@@ -377,6 +377,28 @@ typedef void (*kvtier_counter_fn)(void* ctx, const char* name, uint64_t value, c
 KVTIER_API kvtier_status_code kvtier_client_stats_foreach(const kvtier_client_t* client, kvtier_counter_fn fn,
                                                           void* ctx, kvtier_error_t* error);
 
+/* Called by kvtier_client_server_stats_foreach once per sample of a member's server counters (its admin
+ * GetStats: the samples its /metrics serves), and once for each member that gave none:
+ *   - a sample: member_status KVTIER_OK, `name` the sample as /metrics writes it (the family, then its
+ *     labels in braces, e.g. kvtier_lookup_blocks_total{result="hit"}), its value, is_gauge 1 for a gauge
+ *     and 0 for a monotonic counter;
+ *   - a member without counters: member_status why (KVTIER_UNAVAILABLE, KVTIER_DEADLINE_EXCEEDED,
+ *     KVTIER_PERMISSION_DENIED for a worker token: GetStats is an admin RPC, ...), `name` the error's
+ *     message, value 0, is_gauge 0.
+ * `address` is the member's host:port and `node_id` its id ("" if never known). Strings are NUL-terminated
+ * and valid for the call only. */
+typedef void (*kvtier_server_counter_fn)(void* ctx, const char* address, const char* node_id,
+                                         kvtier_status_code member_status, const char* name, uint64_t value,
+                                         int is_gauge);
+
+/* Asks every member for its server counters at once, each within timeout_ms (> 0), then calls fn(ctx, ...)
+ * for each as above, member by member in the order of the client's members, synchronously on the calling
+ * thread. Blocks up to timeout_ms. A member that does not answer does not fail the call.
+ * Errors: INVALID_ARGUMENT (client or fn NULL, timeout_ms <= 0). */
+KVTIER_API kvtier_status_code kvtier_client_server_stats_foreach(const kvtier_client_t* client, int64_t timeout_ms,
+                                                                 kvtier_server_counter_fn fn, void* ctx,
+                                                                 kvtier_error_t* error);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif

@@ -173,6 +173,24 @@ struct MemberInfo {
   std::string transport = "grpc";
 };
 
+// One sample of a server's counters, as its admin GetStats RPC answers it: the list its /metrics serves
+// (docs/architecture.md "Counters"), every component's counters included.
+struct ServerCounter {
+  std::string name;  // as /metrics writes the sample: the family, then its labels in braces
+  uint64_t value = 0;
+  CounterKind kind = CounterKind::kCounter;
+};
+
+// What one member answered to Client::ServerStats.
+struct MemberStats {
+  std::string address;  // host:port, as in members()
+  std::string node_id;  // the id the member answered with; when it failed, the id known from before ("" if none)
+  // OK, or why this member gave no counters: Unavailable or DeadlineExceeded (down, slow), Unauthenticated,
+  // PermissionDenied (GetStats is an admin RPC: a worker token is refused).
+  absl::Status status;
+  std::vector<ServerCounter> counters;  // every sample, in the server's order; empty unless status is OK
+};
+
 // Outcome of one block of a Get.
 enum class GetResult : uint8_t {
   kHit,               // the bytes arrived and matched their checksum
@@ -360,6 +378,10 @@ class Client {
   // Every member now: static ones first, in options order, then DNS ones in the order they were found.
   // A snapshot; members that left through DNS are gone from it.
   std::vector<MemberInfo> members() const;
+  // Every member's server counters now (admin GetStats), asked of all members at once, each within
+  // `timeout`; one entry per member, in members() order. Never fails as a whole: a member that does not
+  // answer has its error in its entry. Blocks the caller up to `timeout`. Thread-safe.
+  std::vector<MemberStats> ServerStats(absl::Duration timeout) const;
   // A copy of the ring now (node_ids() are the members in it). Later changes do not affect the copy.
   HashRing ring() const;
   // Incremented each time a new ring is swapped in; 0 after Connect.
