@@ -11,6 +11,7 @@
 #include "kvtier/common/checksum.h"
 #include "kvtier/common/log.h"
 #include "kvtier/common/status_macros.h"
+#include "memory_tier.h"
 #include "storage/disk_tier.h"
 
 namespace kvtier::server {
@@ -70,12 +71,12 @@ absl::StatusOr<std::unique_ptr<BlockStore>> BlockStore::Create(const BlockStoreO
   auto store = std::unique_ptr<BlockStore>(new BlockStore(options));
   auto alloc = SlabAllocator::Create({.capacity_bytes = options.capacity_bytes, .slab_bytes = options.slab_bytes});
   if (!alloc.ok()) return alloc.status();
-  store->allocator_ = std::move(alloc).value();
   const EvictionPolicyOptions policy_options{.frequency_weight = options.frequency_weight,
                                              .recency_weight = options.recency_weight};
   auto policy = NewEvictionPolicy(options.eviction_policy, policy_options);
   if (!policy.ok()) return policy.status();
-  store->policy_ = std::move(policy).value();
+  store->host_ = std::make_unique<MemoryTier>(std::move(alloc).value(), std::move(policy).value(),
+                                              store->stats_.stored_blocks, store->stats_.stored_bytes);
   auto disk_policy = NewEvictionPolicy(options.eviction_policy, policy_options);
   if (!disk_policy.ok()) return disk_policy.status();
   store->disk_policy_ = std::move(disk_policy).value();
@@ -85,10 +86,10 @@ absl::StatusOr<std::unique_ptr<BlockStore>> BlockStore::Create(const BlockStoreO
                                .slab_bytes = std::min(options.slab_bytes, options.hbm_memory->size_bytes()),
                                .map_region = false});
     if (!hbm_alloc.ok()) return hbm_alloc.status();
-    store->hbm_allocator_ = std::move(hbm_alloc).value();
     auto hbm_policy = NewEvictionPolicy(options.eviction_policy, policy_options);
     if (!hbm_policy.ok()) return hbm_policy.status();
-    store->hbm_policy_ = std::move(hbm_policy).value();
+    store->hbm_ = std::make_unique<MemoryTier>(std::move(hbm_alloc).value(), std::move(hbm_policy).value(),
+                                               store->stats_.hbm_blocks, store->stats_.hbm_bytes);
     store->hbm_memory_ = options.hbm_memory;
   }
   if (!options.disk_path.empty()) {
@@ -119,11 +120,21 @@ absl::StatusOr<std::unique_ptr<BlockStore>> BlockStore::Create(const BlockStoreO
   return store;
 }
 
-uint64_t BlockStore::capacity_bytes() const { return allocator_->capacity_bytes(); }
+uint64_t BlockStore::capacity_bytes() const { return host_->allocator().capacity_bytes(); }
 
 uint64_t BlockStore::used_bytes() const {
   std::lock_guard lock(mu_);
-  return allocator_->used_bytes();
+  return host_->allocator().used_bytes();
+}
+
+uint64_t BlockStore::max_block_bytes() const { return host_->allocator().max_block_bytes(); }
+
+uint64_t BlockStore::hbm_capacity_bytes() const { return hbm_ != nullptr ? hbm_->allocator().capacity_bytes() : 0; }
+
+const char* BlockStore::eviction_policy_name() const { return host_->policy().name(); }
+
+EvictionPolicy& BlockStore::PolicyOf(const Entry& e) {
+  return e.tier == Tier::kHost ? host_->policy() : e.tier == Tier::kDisk ? *disk_policy_ : hbm_->policy();
 }
 
 absl::Duration BlockStore::ClampLease(absl::Duration ttl) const {
@@ -145,17 +156,11 @@ void BlockStore::EraseEntryLocked(EntryHandle h) {
   Entry& e = entries_[h];
   if (sink_ != nullptr && !sink_muted_ && e.state == State::kCommitted) sink_->OnRemoved(EventInfoOf(e));
   if (e.tier == Tier::kHbm) {
-    hbm_policy_->OnErase(h);
-    stats_.hbm_blocks.fetch_sub(1, std::memory_order_relaxed);
-    stats_.hbm_bytes.fetch_sub(hbm_allocator_->SlotBytesOf(e.slot), std::memory_order_relaxed);
-    hbm_allocator_->Free(e.slot);
+    hbm_->Erase(h);
+    hbm_->Free(e.slot);
   } else if (e.tier == Tier::kHost) {
-    if (e.state == State::kCommitted) {
-      policy_->OnErase(h);
-      stats_.stored_blocks.fetch_sub(1, std::memory_order_relaxed);
-    }
-    stats_.stored_bytes.fetch_sub(allocator_->SlotBytesOf(e.slot), std::memory_order_relaxed);
-    allocator_->Free(e.slot);
+    if (e.state == State::kCommitted) host_->Erase(h);
+    host_->Free(e.slot);
   } else {
     disk_policy_->OnErase(h);
     EnqueueDiskDeleteLocked(e.key);  // behind its write, when that is still queued (the writer then skips it)
@@ -249,17 +254,18 @@ absl::StatusOr<BlockStore::AllocateResult> BlockStore::Allocate(const NamespaceR
     KVTIER_RETURN_IF_ERROR(ValidateBlockMeta(block_meta[i], absl::StrCat("block_meta[", i, "]")));
   }
   // A block whose slot could not fit even an empty tier is refused before anything is evicted for it.
-  if (ns.block_bytes == 0 || ns.block_bytes > allocator_->max_block_bytes()) {
+  SlabAllocator& allocator = host_->allocator();
+  if (ns.block_bytes == 0 || ns.block_bytes > allocator.max_block_bytes()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("block is ", ns.block_bytes, " bytes; this server accepts 1..", allocator_->max_block_bytes()));
+        absl::StrCat("block is ", ns.block_bytes, " bytes; this server accepts 1..", allocator.max_block_bytes()));
   }
   AllocateResult result;
   result.outcomes.resize(keys.size(), AllocateOutcome::kNoSpace);
   result.ttl = options_.reservation_ttl;
-  const uint64_t slot_bytes = allocator_->SlotBytes(ns.block_bytes);
+  const uint64_t slot_bytes = allocator.SlotBytes(ns.block_bytes);
   std::unique_lock lock(mu_);
   if (disk_ != nullptr && spill_bytes_ > 0 &&
-      allocator_->capacity_bytes() - allocator_->used_bytes() < keys.size() * slot_bytes) {
+      allocator.capacity_bytes() - allocator.used_bytes() < keys.size() * slot_bytes) {
     // The blocks this put evicts will spill: when the disk writer is behind, wait a little for it
     // (the lock released) rather than drop them. Past kSpillWait they are dropped
     // (disk_spill_dropped_busy).
@@ -309,8 +315,8 @@ absl::StatusOr<BlockStore::AllocateResult> BlockStore::Allocate(const NamespaceR
       stats_.rejections_quota.fetch_add(1, std::memory_order_relaxed);
       continue;  // kNoSpace: the tenant is at its quota and has nothing left to drop
     }
-    std::optional<SlotRef> slot = allocator_->Allocate(ns.block_bytes);
-    while (!slot.has_value() && EvictOneLocked(slot_bytes)) slot = allocator_->Allocate(ns.block_bytes);
+    std::optional<SlotRef> slot =
+        host_->AllocateEvicting(ns.block_bytes, [this](uint64_t bytes) { return EvictOneLocked(bytes); });
     if (!slot.has_value()) {
       ++rejected;
       // Nothing evictable: from now on, for max_lease_ttl, every other tenant's leases are bounded, so
@@ -332,7 +338,6 @@ absl::StatusOr<BlockStore::AllocateResult> BlockStore::Allocate(const NamespaceR
     if (!block_meta.empty() && !block_meta[i].empty()) e.block_meta = std::make_shared<const BlockMeta>(block_meta[i]);
     index_.emplace(keys[i], h);
     tenant_bytes_[ns.tenant_id] += ns.block_bytes;
-    stats_.stored_bytes.fetch_add(allocator_->SlotBytesOf(*slot), std::memory_order_relaxed);
     r.entries[i] = h;
     result.outcomes[i] = AllocateOutcome::kAllocated;
     any = true;
@@ -374,7 +379,7 @@ absl::Status BlockStore::Write(const CapabilityId& reservation_id, uint32_t inde
       return absl::InvalidArgumentError(
           absl::StrCat("block ", index, ": ", offset + data.size(), " bytes written, block is ", e.size_bytes));
     }
-    dst = allocator_->Data(e.slot) + offset;
+    dst = host_->allocator().Data(e.slot) + offset;
     r.written[index] += data.size();
     ++r.pins;
   }
@@ -413,7 +418,7 @@ absl::StatusOr<std::vector<CommitOutcome>> BlockStore::Commit(const CapabilityId
         continue;
       }
       if (r.received_checksum[i].has_value()) continue;  // hashed as it landed (FinishReceive)
-      blocks[i] = {allocator_->Data(e.slot), e.size_bytes};
+      blocks[i] = {host_->allocator().Data(e.slot), e.size_bytes};
     }
     ++r.pins;       // hashing runs unlocked; the pin keeps the slots
     r.dead = true;  // no further writes; expiry leaves it to us
@@ -449,10 +454,9 @@ absl::StatusOr<std::vector<CommitOutcome>> BlockStore::Commit(const CapabilityId
     e.reservation_id = CapabilityId();
     e.access_count = 1;
     committed_->Insert(e.key, e.namespace_id, e.tenant_id);
-    policy_->OnInsert(h, AccessOf(e));
+    host_->Insert(h, AccessOf(e));
     outcomes[i] = CommitOutcome::kCommitted;
     if (sink_ != nullptr) sink_->OnStored(EventInfoOf(e));
-    stats_.stored_blocks.fetch_add(1, std::memory_order_relaxed);
     stats_.committed_blocks.fetch_add(1, std::memory_order_relaxed);
     stats_.committed_bytes.fetch_add(e.size_bytes, std::memory_order_relaxed);
   }
@@ -562,7 +566,7 @@ absl::StatusOr<BlockStore::HbmLease> BlockStore::AcquireHbmRead(const NamespaceR
     // A host block another lease holds stays where it is: that reader may be reading its slot.
     if (entries_[h].tier == Tier::kHost) placed = entries_[h].lease_count == 1 && PromoteToHbmLocked(h);
     Entry& e = entries_[h];
-    void* address = placed ? hbm_memory_->DeviceAddress(hbm_allocator_->Offset(e.slot)) : nullptr;
+    void* address = placed ? hbm_memory_->DeviceAddress(hbm_->allocator().Offset(e.slot)) : nullptr;
     if (address == nullptr) {  // stays where it is, for the host data path
       leased[i] = kNoEntry;
       UnpinEntryLocked(h);
@@ -571,7 +575,7 @@ absl::StatusOr<BlockStore::HbmLease> BlockStore::AcquireHbmRead(const NamespaceR
     result.blocks[i] = DeviceBlock{.device_data = address, .size_bytes = e.size_bytes};
     ++e.access_count;
     e.last_access_ns = absl::ToUnixNanos(clock_->Now());
-    hbm_policy_->OnAccess(h, AccessOf(e));
+    hbm_->Access(h, AccessOf(e));
     ++hits;
     bytes += e.size_bytes;
   }
@@ -598,6 +602,6 @@ absl::Status BlockStore::CopyOut(const CapabilityId& lease_id, uint32_t index, u
   return status;
 }
 
-std::span<std::byte> BlockStore::HostRegion() const { return allocator_->Region(); }
+std::span<std::byte> BlockStore::HostRegion() const { return host_->allocator().Region(); }
 
 }  // namespace kvtier::server

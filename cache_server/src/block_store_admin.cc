@@ -10,6 +10,7 @@
 #include "kvtier/common/checksum.h"
 #include "kvtier/common/log.h"
 #include "kvtier/common/status_macros.h"
+#include "memory_tier.h"
 #include "storage/disk_tier.h"
 
 namespace kvtier::server {
@@ -102,7 +103,7 @@ BlockStore::VerifyResult BlockStore::Verify(const std::function<void(uint64_t, u
     bool ok = true;
     const Tier tier = entries_[h].tier;
     if (tier == Tier::kHost) {
-      ok = BlockChecksum(allocator_->Data(entries_[h].slot), entries_[h].size_bytes) == entries_[h].checksum;
+      ok = BlockChecksum(host_->allocator().Data(entries_[h].slot), entries_[h].size_bytes) == entries_[h].checksum;
     } else if (tier == Tier::kHbm) {
       ok = ReadHbmLocked(entries_[h], &buffer);
     } else if (const auto& copy = entries_[h].in_transit; copy != nullptr) {
@@ -194,12 +195,12 @@ absl::Status BlockStore::CorruptBlockForTest(const BlockKey& key, uint64_t offse
   if (e.tier == Tier::kDisk) return disk_->CorruptForTest(key, offset);
   if (e.tier == Tier::kHbm) {
     std::byte b;
-    const uint64_t at = hbm_allocator_->Offset(e.slot) + offset;
+    const uint64_t at = hbm_->allocator().Offset(e.slot) + offset;
     if (absl::Status s = hbm_memory_->CopyOut(at, {&b, 1}); !s.ok()) return s;
     b ^= std::byte{0x5a};
     return hbm_memory_->CopyIn(at, {&b, 1});
   }
-  allocator_->Data(e.slot)[offset] ^= std::byte{0x5a};
+  host_->allocator().Data(e.slot)[offset] ^= std::byte{0x5a};
   return absl::OkStatus();
 }
 

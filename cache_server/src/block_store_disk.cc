@@ -12,6 +12,7 @@
 #include "kvtier/common/checksum.h"
 #include "kvtier/common/log.h"
 #include "kvtier/common/status_macros.h"
+#include "memory_tier.h"
 #include "storage/disk_tier.h"
 
 namespace kvtier::server {
@@ -169,7 +170,7 @@ DiskBlockMeta BlockStore::DiskMetaOf(const Entry& e) {
 uint64_t BlockStore::SpillBufferBound() const {
   return options_.spill_buffer_bytes > 0
              ? options_.spill_buffer_bytes
-             : std::max({options_.capacity_bytes / 8, uint64_t{64} << 20, allocator_->max_block_bytes()});
+             : std::max({options_.capacity_bytes / 8, uint64_t{64} << 20, host_->allocator().max_block_bytes()});
 }
 
 void BlockStore::DemoteOrDropLocked(EntryHandle h) {
@@ -203,17 +204,15 @@ void BlockStore::DemoteOrDropLocked(EntryHandle h) {
     return;
   }
   auto copy = std::make_shared<std::vector<std::byte>>(e.size_bytes);
-  std::memcpy(copy->data(), allocator_->Data(e.slot), e.size_bytes);
+  std::memcpy(copy->data(), host_->allocator().Data(e.slot), e.size_bytes);
   // The checksum is verified whenever a block moves between tiers, so memory corruption never reaches disk.
   if (BlockChecksum(copy->data(), copy->size()) != e.checksum) {
     stats_.checksum_failures.fetch_add(1, std::memory_order_relaxed);
     EraseEntryLocked(h);
     return;
   }
-  policy_->OnErase(h);
-  stats_.stored_blocks.fetch_sub(1, std::memory_order_relaxed);
-  stats_.stored_bytes.fetch_sub(allocator_->SlotBytesOf(e.slot), std::memory_order_relaxed);
-  allocator_->Free(e.slot);
+  host_->Erase(h);
+  host_->Free(e.slot);
   e.slot = SlotRef{};
   SetTierLocked(h, Tier::kDisk);
   if (sink_ != nullptr) sink_->OnMoved(EventInfoOf(e), Tier::kHost);
@@ -303,7 +302,7 @@ void BlockStore::WaitForDiskWrites() {
 uint64_t BlockStore::LeaseBufferBoundLocked() const {
   return options_.lease_buffer_bytes > 0
              ? options_.lease_buffer_bytes
-             : std::max({options_.capacity_bytes / 8, uint64_t{64} << 20, allocator_->max_block_bytes()});
+             : std::max({options_.capacity_bytes / 8, uint64_t{64} << 20, host_->allocator().max_block_bytes()});
 }
 
 void BlockStore::SwitchDiskToHostLocked(EntryHandle h, SlotRef slot) {
@@ -317,9 +316,7 @@ void BlockStore::SwitchDiskToHostLocked(EntryHandle h, SlotRef slot) {
   e.slot = slot;
   SetTierLocked(h, Tier::kHost);
   if (sink_ != nullptr) sink_->OnMoved(EventInfoOf(e), Tier::kDisk);
-  policy_->OnInsert(h, AccessOf(e));
-  stats_.stored_blocks.fetch_add(1, std::memory_order_relaxed);
-  stats_.stored_bytes.fetch_add(allocator_->SlotBytesOf(slot), std::memory_order_relaxed);
+  host_->Insert(h, AccessOf(e));  // the slot's bytes were counted when it was allocated
   stats_.promotions.fetch_add(1, std::memory_order_relaxed);
 }
 
@@ -357,20 +354,18 @@ void BlockStore::LoadDiskBlocks(std::unique_lock<TimedMutex>& lock, std::vector<
     // of the lease's own and stays on disk, where its lease pins no host slot.
     std::optional<SlotRef> slot;
     if (options_.promote_on_hit && MayPinInHostLocked(entries_[h], /*adds_bytes=*/true)) {
-      const uint64_t slot_bytes = allocator_->SlotBytes(size);
-      slot = allocator_->Allocate(size);
-      while (!slot.has_value() && EvictOneLocked(slot_bytes)) slot = allocator_->Allocate(size);
+      slot = host_->AllocateEvicting(size, [this](uint64_t bytes) { return EvictOneLocked(bytes); });
     }
     Entry& e = entries_[h];
     if (e.in_transit != nullptr) {  // not written yet: its bytes are here, verified when they were copied
       if (slot.has_value()) {
-        std::byte* dst = allocator_->Data(*slot);
+        std::byte* dst = host_->allocator().Data(*slot);
         std::memcpy(dst, e.in_transit->data(), size);
         if (BlockChecksum(dst, size) == e.checksum) {
           SwitchDiskToHostLocked(h, *slot);
           continue;
         }
-        allocator_->Free(*slot);
+        host_->Free(*slot);
         stats_.checksum_failures.fetch_add(1, std::memory_order_relaxed);
         leave_out(i, false);
         continue;
@@ -385,7 +380,7 @@ void BlockStore::LoadDiskBlocks(std::unique_lock<TimedMutex>& lock, std::vector<
     }
     Read r{.index = i, .h = h, .key = e.key, .meta = DiskMetaOf(e), .slot = slot};
     if (slot.has_value()) {
-      r.dst = allocator_->Data(*slot);
+      r.dst = host_->allocator().Data(*slot);
     } else {
       if (!take_buffer(size)) {
         leave_out(i, owned != nullptr);
@@ -418,7 +413,7 @@ void BlockStore::LoadDiskBlocks(std::unique_lock<TimedMutex>& lock, std::vector<
       }
       continue;
     }
-    if (r.slot.has_value()) allocator_->Free(*r.slot);
+    if (r.slot.has_value()) host_->Free(*r.slot);
     if (r.buffer != nullptr) lease_buffer_used_ -= std::min(lease_buffer_used_, size);
     if (!on_disk) continue;
     if (r.status.code() == absl::StatusCode::kDataLoss) {

@@ -11,6 +11,7 @@
 #include "kvtier/common/checksum.h"
 #include "kvtier/common/log.h"
 #include "kvtier/common/status_macros.h"
+#include "memory_tier.h"
 #include "storage/disk_tier.h"
 
 namespace kvtier::server {
@@ -264,7 +265,7 @@ absl::StatusOr<BlockStore::PinnedBlock> BlockStore::PinForSend(const CapabilityI
     // Read from disk or copied from HBM for this lease; a send only reads it.
     pinned.data = const_cast<std::byte*>(lease.owned[index]->data());
   } else if (e.tier == Tier::kHost) {
-    pinned.data = allocator_->Data(e.slot);
+    pinned.data = host_->allocator().Data(e.slot);
   } else {
     // A lease taken by Lookup holds a disk or HBM block without a host copy: there are no bytes to send.
     return absl::FailedPreconditionError(
@@ -302,7 +303,7 @@ absl::StatusOr<BlockStore::PinnedBlock> BlockStore::PinForReceive(const Capabili
   r.receiving[index] = 1;
   ++r.pins;
   return PinnedBlock{
-      .data = allocator_->Data(e.slot), .size_bytes = e.size_bytes, .expires_in = r.expiry - clock_->Now()};
+      .data = host_->allocator().Data(e.slot), .size_bytes = e.size_bytes, .expires_in = r.expiry - clock_->Now()};
 }
 
 void BlockStore::FinishReceive(const CapabilityId& reservation_id, uint32_t index, uint64_t bytes, bool ok,

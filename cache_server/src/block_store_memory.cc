@@ -11,13 +11,14 @@
 #include "kvtier/common/checksum.h"
 #include "kvtier/common/log.h"
 #include "kvtier/common/status_macros.h"
+#include "memory_tier.h"
 #include "storage/disk_tier.h"
 
 namespace kvtier::server {
 
 bool BlockStore::ReadHbmLocked(const Entry& e, std::vector<std::byte>* out) {
   out->resize(e.size_bytes);
-  if (!hbm_memory_->CopyOut(hbm_allocator_->Offset(e.slot), *out).ok()) {
+  if (!hbm_memory_->CopyOut(hbm_->allocator().Offset(e.slot), *out).ok()) {
     stats_.hbm_errors.fetch_add(1, std::memory_order_relaxed);
     out->clear();
     return false;
@@ -31,11 +32,9 @@ bool BlockStore::ReadHbmLocked(const Entry& e, std::vector<std::byte>* out) {
 }
 
 bool BlockStore::EvictOneHbmLocked(uint64_t slot_bytes) {
-  auto victim = hbm_policy_->PickVictim([&](EntryHandle h) {
-    const Entry& e = entries_[h];
-    if (e.lease_count > 0) return false;
-    return hbm_allocator_->SlotBytesOf(e.slot) == slot_bytes || hbm_allocator_->IsLastInSlab(e.slot);
-  });
+  auto victim = hbm_->PickVictimFor(
+      slot_bytes, [&](EntryHandle h) { return entries_[h].lease_count == 0; },
+      [&](EntryHandle h) { return entries_[h].slot; });
   if (!victim.has_value()) return false;
   DemoteFromHbmLocked(*victim);
   return true;
@@ -43,21 +42,20 @@ bool BlockStore::EvictOneHbmLocked(uint64_t slot_bytes) {
 
 bool BlockStore::PromoteToHbmLocked(EntryHandle h) {
   Entry& e = entries_[h];
-  if (e.size_bytes > hbm_allocator_->max_block_bytes()) return false;  // could never fit: evict nothing
-  const uint64_t slot_bytes = hbm_allocator_->SlotBytes(e.size_bytes);
-  std::optional<SlotRef> slot = hbm_allocator_->Allocate(e.size_bytes);
-  while (!slot.has_value() && EvictOneHbmLocked(slot_bytes)) slot = hbm_allocator_->Allocate(e.size_bytes);
+  if (e.size_bytes > hbm_->allocator().max_block_bytes()) return false;  // could never fit: evict nothing
+  std::optional<SlotRef> slot =
+      hbm_->AllocateEvicting(e.size_bytes, [this](uint64_t bytes) { return EvictOneHbmLocked(bytes); });
   if (!slot.has_value()) return false;
-  const std::span<const std::byte> bytes(allocator_->Data(e.slot), e.size_bytes);
+  const std::span<const std::byte> bytes(host_->allocator().Data(e.slot), e.size_bytes);
   // Verified before the move (host memory) and again whenever the block is read back from HBM.
   if (BlockChecksum(bytes.data(), bytes.size()) != e.checksum) {
     stats_.checksum_failures.fetch_add(1, std::memory_order_relaxed);
-    hbm_allocator_->Free(*slot);
+    hbm_->Free(*slot);
     return false;
   }
-  if (!hbm_memory_->CopyIn(hbm_allocator_->Offset(*slot), bytes).ok()) {
+  if (!hbm_memory_->CopyIn(hbm_->allocator().Offset(*slot), bytes).ok()) {
     stats_.hbm_errors.fetch_add(1, std::memory_order_relaxed);
-    hbm_allocator_->Free(*slot);
+    hbm_->Free(*slot);
     return false;
   }
   SwitchMemoryTierLocked(h, *slot);
@@ -67,18 +65,17 @@ bool BlockStore::PromoteToHbmLocked(EntryHandle h) {
 
 void BlockStore::DemoteFromHbmLocked(EntryHandle h) {
   Entry& e = entries_[h];
-  const uint64_t slot_bytes = allocator_->SlotBytes(e.size_bytes);
-  std::optional<SlotRef> slot = allocator_->Allocate(e.size_bytes);
-  while (!slot.has_value() && EvictOneLocked(slot_bytes)) slot = allocator_->Allocate(e.size_bytes);
+  std::optional<SlotRef> slot =
+      host_->AllocateEvicting(e.size_bytes, [this](uint64_t bytes) { return EvictOneLocked(bytes); });
   if (!slot.has_value()) {
     EraseEntryLocked(h);
     return;
   }
-  const std::span<std::byte> dst(allocator_->Data(*slot), e.size_bytes);
-  const bool copied = hbm_memory_->CopyOut(hbm_allocator_->Offset(e.slot), dst).ok();
+  const std::span<std::byte> dst(host_->allocator().Data(*slot), e.size_bytes);
+  const bool copied = hbm_memory_->CopyOut(hbm_->allocator().Offset(e.slot), dst).ok();
   if (!copied || BlockChecksum(dst.data(), dst.size()) != e.checksum) {
     (copied ? stats_.checksum_failures : stats_.hbm_errors).fetch_add(1, std::memory_order_relaxed);
-    allocator_->Free(*slot);
+    host_->Free(*slot);
     EraseEntryLocked(h);
     return;
   }
@@ -87,38 +84,24 @@ void BlockStore::DemoteFromHbmLocked(EntryHandle h) {
 }
 
 void BlockStore::SwitchMemoryTierLocked(EntryHandle h, SlotRef slot) {
-  struct MemoryTier {
-    EvictionPolicy& policy;
-    SlabAllocator& allocator;
-    std::atomic<uint64_t>& blocks;
-    std::atomic<uint64_t>& bytes;
-  };
-  MemoryTier host{*policy_, *allocator_, stats_.stored_blocks, stats_.stored_bytes};
-  MemoryTier hbm{*hbm_policy_, *hbm_allocator_, stats_.hbm_blocks, stats_.hbm_bytes};
   Entry& e = entries_[h];
   const Tier from = e.tier;
-  MemoryTier& old_tier = from == Tier::kHbm ? hbm : host;
-  MemoryTier& new_tier = from == Tier::kHbm ? host : hbm;
-  old_tier.policy.OnErase(h);
-  old_tier.blocks.fetch_sub(1, std::memory_order_relaxed);
-  old_tier.bytes.fetch_sub(old_tier.allocator.SlotBytesOf(e.slot), std::memory_order_relaxed);
-  old_tier.allocator.Free(e.slot);
-  e.slot = slot;
+  MemoryTier& old_tier = from == Tier::kHbm ? *hbm_ : *host_;
+  MemoryTier& new_tier = from == Tier::kHbm ? *host_ : *hbm_;
+  old_tier.Erase(h);
+  old_tier.Free(e.slot);
+  e.slot = slot;  // allocated (and counted) by new_tier
   SetTierLocked(h, from == Tier::kHbm ? Tier::kHost : Tier::kHbm);
   if (sink_ != nullptr) sink_->OnMoved(EventInfoOf(e), from);
-  new_tier.policy.OnInsert(h, AccessOf(e));
-  new_tier.blocks.fetch_add(1, std::memory_order_relaxed);
-  new_tier.bytes.fetch_add(new_tier.allocator.SlotBytesOf(slot), std::memory_order_relaxed);
+  new_tier.Insert(h, AccessOf(e));
 }
 
 bool BlockStore::EvictOneLocked(uint64_t slot_bytes) {
   // Prefer a victim of the same slot size (its slot is reused directly), or one whose eviction empties
   // its slab, which then serves any size class.
-  auto victim = policy_->PickVictim([&](EntryHandle h) {
-    const Entry& e = entries_[h];
-    if (e.lease_count > 0) return false;
-    return allocator_->SlotBytesOf(e.slot) == slot_bytes || allocator_->IsLastInSlab(e.slot);
-  });
+  auto victim = host_->PickVictimFor(
+      slot_bytes, [&](EntryHandle h) { return entries_[h].lease_count == 0; },
+      [&](EntryHandle h) { return entries_[h].slot; });
   if (victim.has_value()) {
     DemoteOrDropLocked(*victim);
     stats_.evictions.fetch_add(1, std::memory_order_relaxed);
@@ -128,7 +111,7 @@ bool BlockStore::EvictOneLocked(uint64_t slot_bytes) {
   // that slab is leased or being written. A scan of the index, so only on this rare path.
   std::vector<uint32_t> refused_slabs;
   for (int attempt = 0; attempt < 8; ++attempt) {
-    auto other = policy_->PickVictim([&](EntryHandle h) {
+    auto other = host_->policy().PickVictim([&](EntryHandle h) {
       const Entry& e = entries_[h];
       return e.lease_count == 0 &&
              std::find(refused_slabs.begin(), refused_slabs.end(), e.slot.slab) == refused_slabs.end();
@@ -161,8 +144,9 @@ bool BlockStore::EvictOneLocked(uint64_t slot_bytes) {
 std::pair<uint64_t, uint64_t> BlockStore::Defragment() {
   uint64_t moved = 0, freed = 0;
   std::lock_guard lock(mu_);
-  for (const uint64_t slot_bytes : allocator_->SlotClasses()) {
-    const std::optional<uint32_t> slab = allocator_->EvacuationCandidate(slot_bytes);
+  SlabAllocator& allocator = host_->allocator();
+  for (const uint64_t slot_bytes : allocator.SlotClasses()) {
+    const std::optional<uint32_t> slab = allocator.EvacuationCandidate(slot_bytes);
     if (!slab.has_value()) continue;
     std::vector<EntryHandle> in_slab;
     bool movable = true;
@@ -173,24 +157,24 @@ std::pair<uint64_t, uint64_t> BlockStore::Defragment() {
       in_slab.push_back(h);
     }
     if (!movable) continue;
-    allocator_->SetEvacuating(*slab, true);
+    allocator.SetEvacuating(*slab, true);
     for (EntryHandle h : in_slab) {
       Entry& e = entries_[h];
-      std::optional<SlotRef> to = allocator_->Allocate(e.size_bytes);
+      std::optional<SlotRef> to = host_->Allocate(e.size_bytes);
       if (!to.has_value()) break;  // cannot happen: the candidate's blocks fit; leave the rest in place
-      std::memcpy(allocator_->Data(*to), allocator_->Data(e.slot), e.size_bytes);
-      if (BlockChecksum(allocator_->Data(*to), e.size_bytes) != e.checksum) {
-        allocator_->Free(*to);
+      std::memcpy(allocator.Data(*to), allocator.Data(e.slot), e.size_bytes);
+      if (BlockChecksum(allocator.Data(*to), e.size_bytes) != e.checksum) {
+        host_->Free(*to);
         stats_.checksum_failures.fetch_add(1, std::memory_order_relaxed);
         EraseEntryLocked(h);  // corrupt in memory: dropped, never served
         continue;
       }
-      allocator_->Free(e.slot);
+      host_->Free(e.slot);
       e.slot = *to;
       ++moved;
     }
-    allocator_->SetEvacuating(*slab, false);
-    if (allocator_->IsFreeSlab(*slab)) {
+    allocator.SetEvacuating(*slab, false);
+    if (allocator.IsFreeSlab(*slab)) {
       ++freed;
       stats_.slab_moves.fetch_add(1, std::memory_order_relaxed);
     }
@@ -210,7 +194,7 @@ bool BlockStore::MakeQuotaRoomLocked(uint64_t tenant_id, uint64_t quota_bytes, u
     return e.tenant_id == tenant_id && e.state == State::kCommitted && e.lease_count == 0;
   };
   // Dropped, not demoted: a block on disk still counts against the quota.
-  EvictionPolicy* tiers[] = {disk_policy_.get(), policy_.get(), hbm_policy_.get()};
+  EvictionPolicy* tiers[] = {disk_policy_.get(), &host_->policy(), hbm_ != nullptr ? &hbm_->policy() : nullptr};
   for (EvictionPolicy* policy : tiers) {
     while (policy != nullptr && used() + bytes > quota_bytes) {
       auto victim = policy->PickVictim(own_unleased);

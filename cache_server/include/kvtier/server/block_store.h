@@ -34,6 +34,7 @@
 namespace kvtier::server {
 
 class CommittedIndex;  // src/committed_index.h
+class MemoryTier;      // src/memory_tier.h
 class DiskTier;        // src/storage/disk_tier.h
 struct DiskBlockMeta;  // src/storage/disk_tier.h
 
@@ -493,10 +494,10 @@ class BlockStore {
   uint64_t used_bytes() const;
   // The largest block Allocate accepts (slab_bytes, or capacity_bytes when smaller, rounded down to the
   // slot alignment).
-  uint64_t max_block_bytes() const { return allocator_->max_block_bytes(); }
+  uint64_t max_block_bytes() const;
   bool has_disk_tier() const { return disk_ != nullptr; }
   bool has_hbm_tier() const { return hbm_memory_ != nullptr; }
-  uint64_t hbm_capacity_bytes() const { return hbm_memory_ != nullptr ? hbm_allocator_->capacity_bytes() : 0; }
+  uint64_t hbm_capacity_bytes() const;
   // "cuda:0 22.0 GiB", or "" without an HBM tier.
   std::string hbm_description() const { return hbm_memory_ != nullptr ? hbm_memory_->Describe() : std::string(); }
   // The disk budget in force: disk_capacity_bytes, at most half of (the volume's size less the floor)
@@ -511,7 +512,7 @@ class BlockStore {
   // longer holds dropped); a resized volume moves the budget in force (lowered: the disk evicts down to
   // it). The server calls it every disk_tier.probe_interval. No-op without a disk tier. Thread-safe.
   void ProbeDisk();
-  const char* eviction_policy_name() const { return policy_->name(); }
+  const char* eviction_policy_name() const;
 
   // Overwrites one byte of a committed block in place, bypassing every check. Test builds use it to
   // prove that corrupt blocks are caught by the client's checksum. Errors: NotFound (not stored).
@@ -528,7 +529,7 @@ class BlockStore {
     uint64_t checksum = 0;
     CapabilityId reservation_id;  // while kReserved
     uint64_t tenant_id = 0;
-    SlotRef slot;  // while tier == kHost (allocator_) or kHbm (hbm_allocator_)
+    SlotRef slot;  // while tier == kHost (host_) or kHbm (hbm_)
     uint32_t lease_count = 0;
     uint32_t access_count = 0;
     uint32_t depth = 0;
@@ -615,9 +616,7 @@ class BlockStore {
   void ReconcileDiskLocked();
   // min(disk_capacity_bytes option, the volume's budget_limit()). Needs disk_.
   uint64_t DiskBudget() const;
-  EvictionPolicy& PolicyOf(const Entry& e) {
-    return e.tier == Tier::kHost ? *policy_ : e.tier == Tier::kDisk ? *disk_policy_ : *hbm_policy_;
-  }
+  EvictionPolicy& PolicyOf(const Entry& e);
   // Per key: the handle of its committed entry in `ns` (same namespace and tenant) with its lease count
   // raised, or kNoEntry (absent, or refused: past its tenant's pinned bound, counted in *refused_pinned).
   std::vector<EntryHandle> PinCommittedLocked(const NamespaceRef& ns, std::span<const BlockKey> keys,
@@ -674,15 +673,15 @@ class BlockStore {
 
   BlockStoreOptions options_;
   Clock* clock_;
-  std::unique_ptr<SlabAllocator> allocator_;
-  std::unique_ptr<EvictionPolicy> policy_;        // host entries
+  // Host memory: its slab allocator, policy and gauges (stored_blocks, stored_bytes).
+  std::unique_ptr<MemoryTier> host_;
   std::unique_ptr<EvictionPolicy> disk_policy_;   // disk entries
   std::unique_ptr<DiskTier> disk_;                // null without a disk tier
   uint64_t lease_buffer_used_ = 0;                // guarded by mu_; bytes of every Lease::owned
   std::atomic<uint64_t> disk_capacity_{0};        // the budget in force (disk_capacity_bytes()); written under mu_
   std::shared_ptr<DeviceTierMemory> hbm_memory_;  // null without an HBM tier
-  std::unique_ptr<SlabAllocator> hbm_allocator_;  // offsets into hbm_memory_
-  std::unique_ptr<EvictionPolicy> hbm_policy_;    // HBM entries
+  // The HBM tier (slots are offsets into hbm_memory_; gauges hbm_blocks, hbm_bytes); null without one.
+  std::unique_ptr<MemoryTier> hbm_;
   BlockStoreStats stats_;
 
   mutable TimedMutex mu_;  // a std::mutex (ThreadSanitizer sees it, HOUSE_STYLE §8) that can time its holds
