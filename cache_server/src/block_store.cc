@@ -13,6 +13,7 @@
 #include "kvtier/common/status_macros.h"
 #include "memory_tier.h"
 #include "storage/disk_tier.h"
+#include "tenant_ledger.h"
 
 namespace kvtier::server {
 
@@ -42,7 +43,10 @@ uint64_t TenantId(const std::string& tenant) { return BlockChecksum(tenant.data(
 BlockStore::BlockStore(const BlockStoreOptions& options)
     : options_(options),
       clock_(options.clock != nullptr ? options.clock : Clock::Real()),
-      committed_(std::make_unique<CommittedIndex>(options.index_shards)) {}
+      committed_(std::make_unique<CommittedIndex>(options.index_shards)),
+      tenants_(std::make_unique<TenantLedger>(
+          options.tenant_quota_bytes,
+          static_cast<uint64_t>(options.tenant_pinned_share * static_cast<double>(options.capacity_bytes)))) {}
 
 BlockStore::~BlockStore() {
   if (!disk_writer_.joinable()) return;
@@ -167,10 +171,7 @@ void BlockStore::EraseEntryLocked(EntryHandle h) {
     stats_.disk_blocks.fetch_sub(1, std::memory_order_relaxed);
     stats_.disk_bytes.fetch_sub(e.size_bytes, std::memory_order_relaxed);
   }
-  if (auto t = tenant_bytes_.find(e.tenant_id); t != tenant_bytes_.end()) {
-    t->second -= std::min(t->second, e.size_bytes);
-    if (t->second == 0) tenant_bytes_.erase(t);
-  }
+  tenants_->RemoveStored(e.tenant_id, e.size_bytes);
   if (e.state == State::kCommitted) committed_->Erase(e.key);
   index_.erase(e.key);
   e = Entry{};
@@ -288,7 +289,7 @@ absl::StatusOr<BlockStore::AllocateResult> BlockStore::Allocate(const NamespaceR
     reservation_id = CapabilityId::Random();
   }
   r.tenant_id = ns.tenant_id;
-  const auto quota = options_.tenant_quota_bytes.find(ns.tenant_id);
+  const std::optional<uint64_t> quota = tenants_->Quota(ns.tenant_id);
   for (size_t i = 0; i < keys.size(); ++i) {
     auto it = index_.find(keys[i]);
     if (it != index_.end()) {
@@ -310,8 +311,7 @@ absl::StatusOr<BlockStore::AllocateResult> BlockStore::Allocate(const NamespaceR
       ++rejected;
       continue;  // kNoSpace: a draining server takes no new blocks
     }
-    if (quota != options_.tenant_quota_bytes.end() &&
-        !MakeQuotaRoomLocked(ns.tenant_id, quota->second, ns.block_bytes)) {
+    if (quota.has_value() && !MakeQuotaRoomLocked(ns.tenant_id, *quota, ns.block_bytes)) {
       stats_.rejections_quota.fetch_add(1, std::memory_order_relaxed);
       continue;  // kNoSpace: the tenant is at its quota and has nothing left to drop
     }
@@ -320,9 +320,8 @@ absl::StatusOr<BlockStore::AllocateResult> BlockStore::Allocate(const NamespaceR
     if (!slot.has_value()) {
       ++rejected;
       // Nothing evictable: from now on, for max_lease_ttl, every other tenant's leases are bounded, so
-      // that leases cannot keep this tenant out (BoundAppliesLocked).
-      refused_tenant_ = ns.tenant_id;
-      refused_until_ = now + options_.max_lease_ttl;
+      // that leases cannot keep this tenant out (TenantLedger::BoundApplies).
+      tenants_->NoteRefused(ns.tenant_id, now + options_.max_lease_ttl);
       continue;  // kNoSpace
     }
     const EntryHandle h = NewEntryLocked();
@@ -337,7 +336,7 @@ absl::StatusOr<BlockStore::AllocateResult> BlockStore::Allocate(const NamespaceR
     e.depth = depths.empty() ? 0 : depths[i];
     if (!block_meta.empty() && !block_meta[i].empty()) e.block_meta = std::make_shared<const BlockMeta>(block_meta[i]);
     index_.emplace(keys[i], h);
-    tenant_bytes_[ns.tenant_id] += ns.block_bytes;
+    tenants_->AddStored(ns.tenant_id, ns.block_bytes);
     r.entries[i] = h;
     result.outcomes[i] = AllocateOutcome::kAllocated;
     any = true;

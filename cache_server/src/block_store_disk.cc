@@ -14,6 +14,7 @@
 #include "kvtier/common/status_macros.h"
 #include "memory_tier.h"
 #include "storage/disk_tier.h"
+#include "tenant_ledger.h"
 
 namespace kvtier::server {
 
@@ -112,7 +113,7 @@ EntryHandle BlockStore::IndexDiskRecordLocked(const BlockKey& key, const DiskBlo
   e.inserted_ns = e.last_access_ns = absl::ToUnixNanos(clock_->Now());
   index_.emplace(key, h);
   committed_->Insert(key, e.namespace_id, e.tenant_id);
-  tenant_bytes_[e.tenant_id] += e.size_bytes;
+  tenants_->AddStored(e.tenant_id, e.size_bytes);
   disk_policy_->OnInsert(h, AccessOf(e));
   stats_.disk_blocks.fetch_add(1, std::memory_order_relaxed);
   stats_.disk_bytes.fetch_add(meta.size_bytes, std::memory_order_relaxed);

@@ -13,6 +13,7 @@
 #include "kvtier/common/status_macros.h"
 #include "memory_tier.h"
 #include "storage/disk_tier.h"
+#include "tenant_ledger.h"
 
 namespace kvtier::server {
 
@@ -141,12 +142,9 @@ std::vector<EntryHandle> BlockStore::PinCommittedLocked(const NamespaceRef& ns, 
 
 void BlockStore::AddPinnedLocked(const Entry& e, bool add) {
   if (add) {
-    tenant_pinned_bytes_[e.tenant_id] += e.size_bytes;
-    return;
-  }
-  if (auto t = tenant_pinned_bytes_.find(e.tenant_id); t != tenant_pinned_bytes_.end()) {
-    t->second -= std::min(t->second, e.size_bytes);
-    if (t->second == 0) tenant_pinned_bytes_.erase(t);
+    tenants_->AddPinned(e.tenant_id, e.size_bytes);
+  } else {
+    tenants_->RemovePinned(e.tenant_id, e.size_bytes);
   }
 }
 
@@ -167,23 +165,8 @@ void BlockStore::SetTierLocked(EntryHandle h, Tier tier) {
   e.tier = tier;
 }
 
-bool BlockStore::BoundAppliesLocked(uint64_t tenant_id) const {
-  // Another tenant holds blocks here, or was refused space lately: leases are what may keep it out.
-  const bool others_hold =
-      tenant_bytes_.size() > 1 || (tenant_bytes_.size() == 1 && !tenant_bytes_.contains(tenant_id));
-  return others_hold || (refused_tenant_ != tenant_id && clock_->Now() < refused_until_);
-}
-
 bool BlockStore::MayPinInHostLocked(const Entry& e, bool adds_bytes) const {
-  if (!BoundAppliesLocked(e.tenant_id)) return true;
-  const auto t = tenant_pinned_bytes_.find(e.tenant_id);
-  const uint64_t pinned = t == tenant_pinned_bytes_.end() ? 0 : t->second;
-  const uint64_t bound = TenantPinnedBoundLocked(e.tenant_id);
-  // A tenant over its bound (it pinned the tier while it was alone) takes no lease at all, not even on
-  // what it holds, until its leases expire and bring it back under the bound.
-  if (!adds_bytes) return pinned <= bound;
-  // A tenant with nothing pinned may always lease one block: a bound below a block never stops reads.
-  return pinned == 0 || pinned + e.size_bytes <= bound;
+  return tenants_->MayPin(e.tenant_id, e.size_bytes, adds_bytes, clock_->Now());
 }
 
 bool BlockStore::MayPinLocked(EntryHandle h) const {
@@ -194,21 +177,12 @@ bool BlockStore::MayPinLocked(EntryHandle h) const {
   return MayPinInHostLocked(e, /*adds_bytes=*/e.lease_count == 0);
 }
 
-uint64_t BlockStore::TenantPinnedBoundLocked(uint64_t tenant_id) const {
-  uint64_t bound = static_cast<uint64_t>(options_.tenant_pinned_share * static_cast<double>(options_.capacity_bytes));
-  if (const auto q = options_.tenant_quota_bytes.find(tenant_id); q != options_.tenant_quota_bytes.end()) {
-    bound = std::min(bound, q->second);
-  }
-  return bound;
-}
-
 uint64_t BlockStore::TenantPinnedBytes(uint64_t tenant_id) const {
   std::lock_guard lock(mu_);
-  const auto t = tenant_pinned_bytes_.find(tenant_id);
-  return t == tenant_pinned_bytes_.end() ? 0 : t->second;
+  return tenants_->Pinned(tenant_id);
 }
 
-uint64_t BlockStore::TenantPinnedBound(uint64_t tenant_id) const { return TenantPinnedBoundLocked(tenant_id); }
+uint64_t BlockStore::TenantPinnedBound(uint64_t tenant_id) const { return tenants_->PinnedBound(tenant_id); }
 
 uint32_t BlockStore::Release(std::span<const CapabilityId> lease_ids, IdHolder holder) {
   uint32_t released = 0;
@@ -245,8 +219,7 @@ bool BlockStore::PutTagFreeFor(const CapabilityId& reservation_id) const {
 
 uint64_t BlockStore::TenantBytes(uint64_t tenant_id) const {
   std::lock_guard lock(mu_);
-  auto it = tenant_bytes_.find(tenant_id);
-  return it == tenant_bytes_.end() ? 0 : it->second;
+  return tenants_->Stored(tenant_id);
 }
 
 absl::StatusOr<BlockStore::PinnedBlock> BlockStore::PinForSend(const CapabilityId& lease_id, uint32_t index,

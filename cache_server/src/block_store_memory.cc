@@ -13,6 +13,7 @@
 #include "kvtier/common/status_macros.h"
 #include "memory_tier.h"
 #include "storage/disk_tier.h"
+#include "tenant_ledger.h"
 
 namespace kvtier::server {
 
@@ -185,10 +186,7 @@ std::pair<uint64_t, uint64_t> BlockStore::Defragment() {
 
 bool BlockStore::MakeQuotaRoomLocked(uint64_t tenant_id, uint64_t quota_bytes, uint64_t bytes) {
   if (bytes > quota_bytes) return false;
-  auto used = [&] {
-    auto it = tenant_bytes_.find(tenant_id);
-    return it == tenant_bytes_.end() ? uint64_t{0} : it->second;
-  };
+  auto used = [&] { return tenants_->Stored(tenant_id); };
   auto own_unleased = [&](EntryHandle h) {
     const Entry& e = entries_[h];
     return e.tenant_id == tenant_id && e.state == State::kCommitted && e.lease_count == 0;

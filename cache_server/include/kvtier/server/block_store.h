@@ -35,6 +35,7 @@ namespace kvtier::server {
 
 class CommittedIndex;  // src/committed_index.h
 class MemoryTier;      // src/memory_tier.h
+class TenantLedger;    // src/tenant_ledger.h
 class DiskTier;        // src/storage/disk_tier.h
 struct DiskBlockMeta;  // src/storage/disk_tier.h
 
@@ -649,7 +650,7 @@ class BlockStore {
   absl::Duration ClampLease(absl::Duration ttl) const;
   // `counted`: the entries' lease counts were already raised by the caller.
   CapabilityId NewLeaseLocked(std::vector<EntryHandle> entries, absl::Duration ttl, bool counted = false);
-  // Lease counts and tiers go through these, which keep tenant_pinned_bytes_ (the bytes of a tenant's
+  // Lease counts and tiers go through these, which keep the ledger's pinned bytes (the bytes of a tenant's
   // leased blocks in host memory): the first lease on a host block counts it, the last one to end
   // uncounts it, and a leased block that enters or leaves host memory is counted or uncounted.
   void PinEntryLocked(EntryHandle h);
@@ -660,10 +661,6 @@ class BlockStore {
   // memory always is), and whether `e` may be (adds_bytes: newly) pinned in host memory.
   bool MayPinLocked(EntryHandle h) const;
   bool MayPinInHostLocked(const Entry& e, bool adds_bytes) const;
-  // Whether tenant `tenant_id`'s leases are bounded now: another tenant holds blocks, or was refused
-  // space (nothing evictable) within the last max_lease_ttl.
-  bool BoundAppliesLocked(uint64_t tenant_id) const;
-  uint64_t TenantPinnedBoundLocked(uint64_t tenant_id) const;
   BlockAccess AccessOf(const Entry& e) const;
   BlockInfo InfoOf(const Entry& e) const;
   static bool Matches(const Entry& e, const BlockFilter& f);
@@ -707,12 +704,10 @@ class BlockStore {
   };
   std::priority_queue<Deadline, std::vector<Deadline>, LaterDeadline> lease_deadlines_;        // mu_
   std::priority_queue<Deadline, std::vector<Deadline>, LaterDeadline> reservation_deadlines_;  // mu_
-  absl::flat_hash_map<uint64_t, uint64_t> tenant_bytes_;         // guarded by mu_; tenant id -> TenantBytes()
-  absl::flat_hash_map<uint64_t, uint64_t> tenant_pinned_bytes_;  // guarded by mu_; -> TenantPinnedBytes()
-  uint64_t refused_tenant_ = 0;                                  // guarded by mu_: the last tenant refused space
-  absl::Time refused_until_ = absl::InfinitePast();              // guarded by mu_: until when that counts
-  BlockEventSink* sink_ = nullptr;                               // guarded by mu_; not owned
-  bool sink_muted_ = false;                                      // guarded by mu_; Evict of everything
+  // Each tenant's stored and pinned bytes, quota and pinned bound, the last refusal; guarded by mu_.
+  std::unique_ptr<TenantLedger> tenants_;
+  BlockEventSink* sink_ = nullptr;  // guarded by mu_; not owned
+  bool sink_muted_ = false;         // guarded by mu_; Evict of everything
   std::atomic<bool> draining_{false};
   uint64_t spill_bytes_ = 0;  // guarded by mu_: bytes of every Entry::in_transit the writer has not finished
   // Allocate waits on it (with mu_) while the disk writer is behind; the writer notifies it as it
