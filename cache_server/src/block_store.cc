@@ -284,10 +284,8 @@ absl::StatusOr<BlockStore::AllocateResult> BlockStore::Allocate(const NamespaceR
   bool any = false;
   uint64_t rejected = 0;
   // A fresh id whose UCX tag prefix no live reservation has (about 2^-39 per live reservation to redraw).
-  CapabilityId reservation_id = CapabilityId::Random();
-  while (reservations_.contains(reservation_id) || reservation_tag_prefixes_.contains(reservation_id.tag_prefix())) {
-    reservation_id = CapabilityId::Random();
-  }
+  const CapabilityId reservation_id =
+      reservations_.NewId([&](const CapabilityId& id) { return reservation_tag_prefixes_.contains(id.tag_prefix()); });
   r.tenant_id = ns.tenant_id;
   const std::optional<uint64_t> quota = tenants_->Quota(ns.tenant_id);
   for (size_t i = 0; i < keys.size(); ++i) {
@@ -344,9 +342,8 @@ absl::StatusOr<BlockStore::AllocateResult> BlockStore::Allocate(const NamespaceR
   stats_.rejections_no_space.fetch_add(rejected, std::memory_order_relaxed);
   if (any) {
     r.expiry = now + options_.reservation_ttl;
-    reservations_.emplace(reservation_id, std::move(r));
+    reservations_.Add(reservation_id, std::move(r), now + options_.reservation_ttl);
     reservation_tag_prefixes_.emplace(reservation_id.tag_prefix(), reservation_id);
-    reservation_deadlines_.emplace(now + options_.reservation_ttl, reservation_id);
     NoteDeadlineLocked(now + options_.reservation_ttl);
     stats_.active_reservations.fetch_add(1, std::memory_order_relaxed);
     result.reservation_id = reservation_id;
@@ -384,11 +381,10 @@ absl::Status BlockStore::Write(const CapabilityId& reservation_id, uint32_t inde
   }
   if (!data.empty()) std::memcpy(dst, data.data(), data.size());
   std::lock_guard lock(mu_);
-  auto it = reservations_.find(reservation_id);
-  Reservation& r = it->second;  // pinned, so still present
+  Reservation& r = *reservations_.Find(reservation_id);  // pinned, so still present
   if (--r.pins == 0 && r.dead) {
     EndReservationLocked(r);
-    EraseReservationLocked(it);
+    EraseReservationLocked(reservation_id);
   }
   return absl::OkStatus();
 }
@@ -427,8 +423,7 @@ absl::StatusOr<std::vector<CommitOutcome>> BlockStore::Commit(const CapabilityId
     if (blocks[i].first != nullptr) actual[i] = BlockChecksum(blocks[i].first, blocks[i].second);
   }
   std::lock_guard lock(mu_);
-  auto it = reservations_.find(reservation_id);
-  Reservation& r = it->second;
+  Reservation& r = *reservations_.Find(reservation_id);
   for (size_t i = 0; i < r.entries.size(); ++i) {
     if (r.received_checksum[i].has_value()) actual[i] = *r.received_checksum[i];
   }
@@ -461,20 +456,20 @@ absl::StatusOr<std::vector<CommitOutcome>> BlockStore::Commit(const CapabilityId
   }
   stats_.checksum_failures.fetch_add(failures, std::memory_order_relaxed);
   stats_.active_reservations.fetch_sub(1, std::memory_order_relaxed);
-  EraseReservationLocked(it);
+  EraseReservationLocked(reservation_id);
   return outcomes;
 }
 
 void BlockStore::Abort(const CapabilityId& reservation_id, IdHolder holder) {
   std::lock_guard lock(mu_);
-  if (FindReservationLocked(reservation_id, holder) == nullptr) return;
-  auto it = reservations_.find(reservation_id);
-  if (it->second.pins > 0) {
-    it->second.dead = true;
+  Reservation* r = FindReservationLocked(reservation_id, holder);
+  if (r == nullptr) return;
+  if (r->pins > 0) {
+    r->dead = true;
     return;
   }
-  EndReservationLocked(it->second);
-  EraseReservationLocked(it);
+  EndReservationLocked(*r);
+  EraseReservationLocked(reservation_id);
 }
 
 BlockStore::ReadLease BlockStore::AcquireRead(const NamespaceRef& ns, std::span<const BlockKey> keys,
@@ -529,7 +524,7 @@ BlockStore::ReadLease BlockStore::AcquireRead(const NamespaceRef& ns, std::span<
   stats_.read_blocks_miss.fetch_add(keys.size() - hits, std::memory_order_relaxed);
   if (hits > 0) {
     result.lease_id = NewLeaseLocked(std::move(leased), ClampLease(lease_ttl), /*counted=*/true);
-    Lease& lease = leases_[result.lease_id];
+    Lease& lease = *leases_.Find(result.lease_id);
     if (owned_bytes > 0) lease.owned = std::move(owned);
     lease.owned_bytes = owned_bytes;  // already counted in lease_buffer_used_
   } else {

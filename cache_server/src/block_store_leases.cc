@@ -21,27 +21,24 @@ absl::Status UnknownLeaseError() { return absl::FailedPreconditionError("unknown
 absl::Status UnknownReservationError() { return absl::FailedPreconditionError("unknown or expired reservation"); }
 
 BlockStore::Lease* BlockStore::FindLeaseLocked(const CapabilityId& id, IdHolder holder) {
-  auto it = leases_.find(id);
-  if (it == leases_.end() || it->second.dead) return nullptr;
-  if (holder.has_value() && *holder != it->second.tenant_id) return nullptr;  // answered as unknown
-  return &it->second;
+  Lease* lease = leases_.FindLive(id);
+  if (lease == nullptr || (holder.has_value() && *holder != lease->tenant_id)) return nullptr;  // as unknown
+  return lease;
 }
 
 BlockStore::Reservation* BlockStore::FindReservationLocked(const CapabilityId& id, IdHolder holder) {
-  auto it = reservations_.find(id);
-  if (it == reservations_.end() || it->second.dead) return nullptr;
-  if (holder.has_value() && *holder != it->second.tenant_id) return nullptr;  // answered as unknown
-  return &it->second;
+  Reservation* r = reservations_.FindLive(id);
+  if (r == nullptr || (holder.has_value() && *holder != r->tenant_id)) return nullptr;  // as unknown
+  return r;
 }
 
-void BlockStore::EraseReservationLocked(absl::flat_hash_map<CapabilityId, Reservation>::iterator it) {
-  reservation_tag_prefixes_.erase(it->first.tag_prefix());
-  reservations_.erase(it);
+void BlockStore::EraseReservationLocked(const CapabilityId& id) {
+  reservation_tag_prefixes_.erase(id.tag_prefix());
+  reservations_.Erase(id);
 }
 
 CapabilityId BlockStore::NewLeaseLocked(std::vector<EntryHandle> entries, absl::Duration ttl, bool counted) {
-  CapabilityId id = CapabilityId::Random();
-  while (leases_.contains(id)) id = CapabilityId::Random();  // 2^-128 per live lease: never in practice
+  const CapabilityId id = leases_.NewId();
   uint64_t tenant_id = 0;
   for (EntryHandle h : entries) {
     if (h != kNoEntry) {
@@ -55,8 +52,7 @@ CapabilityId BlockStore::NewLeaseLocked(std::vector<EntryHandle> entries, absl::
     }
   }
   const absl::Time expiry = clock_->Now() + ttl;
-  leases_.emplace(id, Lease{.entries = std::move(entries), .expiry = expiry, .tenant_id = tenant_id});
-  lease_deadlines_.emplace(expiry, id);
+  leases_.Add(id, Lease{.entries = std::move(entries), .expiry = expiry, .tenant_id = tenant_id}, expiry);
   NoteDeadlineLocked(expiry);
   stats_.active_leases.fetch_add(1, std::memory_order_relaxed);
   return id;
@@ -73,7 +69,7 @@ void BlockStore::EndLeaseLocked(const CapabilityId& lease_id, Lease& lease) {
   lease_buffer_used_ -= std::min(lease_buffer_used_, lease.owned_bytes);
   stats_.lease_buffer_bytes.store(lease_buffer_used_, std::memory_order_relaxed);
   stats_.active_leases.fetch_sub(1, std::memory_order_relaxed);
-  leases_.erase(lease_id);
+  leases_.Erase(lease_id);
 }
 
 void BlockStore::EndReservationLocked(Reservation& r) {
@@ -84,31 +80,22 @@ void BlockStore::EndReservationLocked(Reservation& r) {
 }
 
 void BlockStore::ExpireLocked(absl::Time now) {
-  while (!lease_deadlines_.empty() && lease_deadlines_.top().first <= now) {
-    const CapabilityId id = lease_deadlines_.top().second;
-    lease_deadlines_.pop();
-    auto it = leases_.find(id);
-    if (it == leases_.end() || it->second.dead) continue;
+  leases_.ForEachDue(now, [&](const CapabilityId& id, Lease& lease) {
     stats_.expired_leases.fetch_add(1, std::memory_order_relaxed);
-    EndLeaseLocked(id, it->second);
-  }
-  while (!reservation_deadlines_.empty() && reservation_deadlines_.top().first <= now) {
-    const CapabilityId id = reservation_deadlines_.top().second;
-    reservation_deadlines_.pop();
-    auto it = reservations_.find(id);
-    if (it == reservations_.end() || it->second.dead) continue;
+    EndLeaseLocked(id, lease);
+  });
+  reservations_.ForEachDue(now, [&](const CapabilityId& id, Reservation& r) {
     stats_.expired_reservations.fetch_add(1, std::memory_order_relaxed);
-    if (it->second.pins > 0) {
-      it->second.dead = true;  // freed when the in-flight write unpins
-      continue;
+    if (r.pins > 0) {
+      r.dead = true;  // freed when the in-flight write unpins
+      return;
     }
-    EndReservationLocked(it->second);
-    EraseReservationLocked(it);
-  }
-  int64_t next = INT64_MAX;
-  if (!lease_deadlines_.empty()) next = absl::ToUnixNanos(lease_deadlines_.top().first);
-  if (!reservation_deadlines_.empty()) next = std::min(next, absl::ToUnixNanos(reservation_deadlines_.top().first));
-  next_deadline_ns_.store(next, std::memory_order_relaxed);
+    EndReservationLocked(r);
+    EraseReservationLocked(id);
+  });
+  const absl::Time next = std::min(leases_.NextDeadline(), reservations_.NextDeadline());
+  next_deadline_ns_.store(next == absl::InfiniteFuture() ? INT64_MAX : absl::ToUnixNanos(next),
+                          std::memory_order_relaxed);
 }
 
 void BlockStore::NoteDeadlineLocked(absl::Time deadline) {
@@ -199,16 +186,16 @@ uint32_t BlockStore::Release(std::span<const CapabilityId> lease_ids, IdHolder h
 
 std::optional<uint64_t> BlockStore::ReservationTenant(const CapabilityId& reservation_id) const {
   std::lock_guard lock(mu_);
-  auto it = reservations_.find(reservation_id);
-  if (it == reservations_.end() || it->second.dead) return std::nullopt;
-  return it->second.tenant_id;
+  const Reservation* r = reservations_.FindLive(reservation_id);
+  if (r == nullptr) return std::nullopt;
+  return r->tenant_id;
 }
 
 std::optional<uint64_t> BlockStore::LeaseTenant(const CapabilityId& lease_id) const {
   std::lock_guard lock(mu_);
-  auto it = leases_.find(lease_id);
-  if (it == leases_.end() || it->second.dead) return std::nullopt;
-  return it->second.tenant_id;
+  const Lease* lease = leases_.FindLive(lease_id);
+  if (lease == nullptr) return std::nullopt;
+  return lease->tenant_id;
 }
 
 bool BlockStore::PutTagFreeFor(const CapabilityId& reservation_id) const {
@@ -250,9 +237,9 @@ absl::StatusOr<BlockStore::PinnedBlock> BlockStore::PinForSend(const CapabilityI
 
 void BlockStore::Unpin(const CapabilityId& lease_id, uint32_t /*index*/) {
   std::lock_guard lock(mu_);
-  auto it = leases_.find(lease_id);
-  if (it == leases_.end() || it->second.pins == 0) return;  // not pinned: a caller bug, ignored
-  Lease& lease = it->second;
+  Lease* found = leases_.Find(lease_id);
+  if (found == nullptr || found->pins == 0) return;  // not pinned: a caller bug, ignored
+  Lease& lease = *found;
   if (--lease.pins == 0 && lease.dead) {
     lease.dead = false;
     EndLeaseLocked(lease_id, lease);
@@ -282,9 +269,9 @@ absl::StatusOr<BlockStore::PinnedBlock> BlockStore::PinForReceive(const Capabili
 void BlockStore::FinishReceive(const CapabilityId& reservation_id, uint32_t index, uint64_t bytes, bool ok,
                                std::optional<uint64_t> checksum) {
   std::lock_guard lock(mu_);
-  auto it = reservations_.find(reservation_id);
-  if (it == reservations_.end()) return;
-  Reservation& r = it->second;
+  Reservation* found = reservations_.Find(reservation_id);
+  if (found == nullptr) return;
+  Reservation& r = *found;
   if (index >= r.entries.size() || r.receiving[index] == 0 || r.pins == 0) return;  // not pinned: ignored
   r.receiving[index] = 0;
   if (ok && r.entries[index] != kNoEntry && bytes == entries_[r.entries[index]].size_bytes) {
@@ -293,7 +280,7 @@ void BlockStore::FinishReceive(const CapabilityId& reservation_id, uint32_t inde
   }
   if (--r.pins == 0 && r.dead) {
     EndReservationLocked(r);
-    EraseReservationLocked(it);
+    EraseReservationLocked(reservation_id);
   }
 }
 

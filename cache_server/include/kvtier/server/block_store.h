@@ -11,7 +11,6 @@
 #include <memory>
 #include <mutex>
 #include <optional>
-#include <queue>
 #include <span>
 #include <string>
 #include <thread>
@@ -26,6 +25,7 @@
 #include "kvtier/common/clock.h"
 #include "kvtier/common/counters.h"
 #include "kvtier/server/block_event_sink.h"
+#include "kvtier/server/capability_table.h"
 #include "kvtier/server/device_tier_memory.h"
 #include "kvtier/server/eviction_policy.h"
 #include "kvtier/server/slab_allocator.h"
@@ -641,8 +641,8 @@ class BlockStore {
   // Lowers next_deadline_ns_ to `deadline` when earlier. Requires mu_.
   void NoteDeadlineLocked(absl::Time deadline);
   void EndLeaseLocked(const CapabilityId& lease_id, Lease& lease);
-  // Erases reservation `it` from reservations_ (and its tag prefix).
-  void EraseReservationLocked(absl::flat_hash_map<CapabilityId, Reservation>::iterator it);
+  // Erases reservation `id` from reservations_ (and its tag prefix).
+  void EraseReservationLocked(const CapabilityId& id);
   // The live lease / reservation `id` as `holder` may see it, or null (unknown, ended, another tenant's).
   Lease* FindLeaseLocked(const CapabilityId& id, IdHolder holder);
   Reservation* FindReservationLocked(const CapabilityId& id, IdHolder holder);
@@ -690,20 +690,13 @@ class BlockStore {
   // When a lookup without a lease last expired (unix ns); such lookups expire at most this often.
   std::atomic<int64_t> last_lookup_expiry_ns_{INT64_MIN / 2};
   static constexpr std::chrono::nanoseconds kLookupExpiryInterval = std::chrono::milliseconds(10);
-  absl::flat_hash_map<BlockKey, EntryHandle> index_;             // guarded by mu_
-  std::vector<Entry> entries_;                                   // guarded by mu_
-  std::vector<EntryHandle> free_entries_;                        // guarded by mu_
-  absl::flat_hash_map<CapabilityId, Lease> leases_;              // guarded by mu_
-  absl::flat_hash_map<CapabilityId, Reservation> reservations_;  // guarded by mu_
+  absl::flat_hash_map<BlockKey, EntryHandle> index_;  // guarded by mu_
+  std::vector<Entry> entries_;                        // guarded by mu_
+  std::vector<EntryHandle> free_entries_;             // guarded by mu_
+  CapabilityTable<Lease> leases_;                     // guarded by mu_
+  CapabilityTable<Reservation> reservations_;         // guarded by mu_
   // tag_prefix() of every reservation in reservations_ -> its id; guarded by mu_.
   absl::flat_hash_map<uint64_t, CapabilityId> reservation_tag_prefixes_;
-  // (deadline, id) min-heaps for expiry; stale ids are skipped.
-  using Deadline = std::pair<absl::Time, CapabilityId>;
-  struct LaterDeadline {
-    bool operator()(const Deadline& a, const Deadline& b) const { return a.first > b.first; }
-  };
-  std::priority_queue<Deadline, std::vector<Deadline>, LaterDeadline> lease_deadlines_;        // mu_
-  std::priority_queue<Deadline, std::vector<Deadline>, LaterDeadline> reservation_deadlines_;  // mu_
   // Each tenant's stored and pinned bytes, quota and pinned bound, the last refusal; guarded by mu_.
   std::unique_ptr<TenantLedger> tenants_;
   BlockEventSink* sink_ = nullptr;  // guarded by mu_; not owned
