@@ -7,8 +7,8 @@
 #   <libdir>/cmake/kvtier/ (find_package(kvtier CONFIG)), <libdir>/pkgconfig/kvtier-client.pc, kvtier.pc
 #                                                                  component dev      -> libkvtier-dev.deb
 #
-# Inside the tree kvtier_client is a static library over private static pieces (kvtier_ucx,
-# kvtier_common, kvtier_wire, kvtier_proto). The installed client is built from the objects of all five, once as a
+# Inside the tree kvtier_client is a static library over private static pieces (kvtier_ucx, kvtier_nccl,
+# kvtier_common, kvtier_wire, kvtier_proto). The installed client is built from the objects of all six, once as a
 # shared library and once as a static archive, so that a program links one kvtier library plus the
 # system libraries. Its public headers include only absl, spdlog and each other.
 #
@@ -18,7 +18,7 @@
 include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
 
-set(_kvtier_client_parts kvtier_client kvtier_ucx kvtier_common kvtier_wire kvtier_proto)
+set(_kvtier_client_parts kvtier_client kvtier_ucx kvtier_nccl kvtier_common kvtier_wire kvtier_proto)
 
 # Libraries the parts link (public and private), without the parts themselves: what the installed
 # client needs from the system.
@@ -27,6 +27,9 @@ foreach(_part IN LISTS _kvtier_client_parts)
   get_target_property(_libs ${_part} LINK_LIBRARIES)
   foreach(_lib IN LISTS _libs)
     string(REGEX REPLACE "^\\$<LINK_ONLY:(.*)>$" "\\1" _lib "${_lib}")
+    if(_lib STREQUAL "kvtier::nccl")  # found by cmake/Nccl.cmake, not exported: link the library itself
+      set(_lib "${KVTIER_NCCL_LIBRARY}")
+    endif()
     if(NOT _lib IN_LIST _kvtier_client_parts)
       list(APPEND _kvtier_client_deps ${_lib})
     endif()
@@ -100,6 +103,10 @@ string(REGEX REPLACE "/$" "" KVTIER_PC_PREFIX "${KVTIER_PC_PREFIX}")
 set(KVTIER_PC_LIBS_PRIVATE "")
 if(KVTIER_CUDA_ENABLED)
   set(KVTIER_PC_LIBS_PRIVATE "-L${CUDAToolkit_LIBRARY_DIR} -lcudart")
+endif()
+if(KVTIER_NCCL_ENABLED)  # the client's NCCL path (kvtier_nccl)
+  get_filename_component(_kvtier_nccl_dir "${KVTIER_NCCL_LIBRARY}" DIRECTORY)
+  string(APPEND KVTIER_PC_LIBS_PRIVATE " -L${_kvtier_nccl_dir} -lnccl")
 endif()
 foreach(_pc kvtier kvtier-client)
   configure_file(${PROJECT_SOURCE_DIR}/cmake/${_pc}.pc.in ${PROJECT_BINARY_DIR}/package/${_pc}.pc @ONLY)

@@ -152,6 +152,7 @@ grpc::Status AdminServiceImpl::GetInfo(grpc::ServerContext* ctx, const v1::GetIn
     resp->set_ucx_address(absl::StrCat(a.substr(0, a.rfind(':')), ":", ucx_port));
   }
   resp->set_http_port(static_cast<uint32_t>(std::max(0, http_port_.load(std::memory_order_acquire))));
+  resp->set_nccl(nccl_.load(std::memory_order_acquire));
   if (store_.has_hbm_tier()) {
     v1::TierInfo* hbm = resp->add_tiers();
     hbm->set_tier("hbm");

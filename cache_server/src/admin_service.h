@@ -29,6 +29,8 @@ class AdminServiceImpl final : public v1::AdminService::Service {
 
   // The bound UCX port that GetInfo reports (0: no UCX). Set before the gRPC server starts.
   void set_ucx_port(int port) { ucx_port_.store(port, std::memory_order_release); }
+  // Whether this server serves kvtier.v1.NcclService (GetInfo's nccl). Set before the gRPC server starts.
+  void set_nccl(bool served) { nccl_.store(served, std::memory_order_release); }
   // The /metrics and /query listener's port (GetInfo's http_port), once bound.
   void set_http_port(int port) { http_port_.store(port, std::memory_order_release); }
   grpc::Status ListBlocks(grpc::ServerContext* ctx, const v1::ListBlocksRequest* req,
@@ -55,6 +57,7 @@ class AdminServiceImpl final : public v1::AdminService::Service {
   absl::Time start_ = absl::Now();
   std::atomic<int> ucx_port_{0};
   std::atomic<int> http_port_{0};
+  std::atomic<bool> nccl_{false};
 };
 
 }  // namespace kvtier::server

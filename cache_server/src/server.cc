@@ -366,6 +366,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
     if (!service.ok()) return service.status();
     impl->nccl_service = std::move(service).value();
     builder.RegisterService(impl->nccl_service->grpc_service());
+    impl->admin_service->set_nccl(true);  // GetInfo tells clients to read into GPU buffers over NCCL
   }
   if (impl->event_service != nullptr) builder.RegisterService(impl->event_service.get());
   impl->grpc_server = builder.BuildAndStart();

@@ -1,7 +1,7 @@
 // BlockPath: one member's data path, the seam between the client's call logic and the ways block bytes
-// move (docs/architecture.md "A Get, step by step"): GrpcBlockPath (grpc_block_path.h) and UcxBlockPath
-// (ucx_block_path.h). DataPath (data_path.h) picks one per member and per batch; the UCX-to-gRPC
-// fallback of transport "auto" is that choice.
+// move (docs/architecture.md "A Get, step by step"): GrpcBlockPath (grpc_block_path.h), UcxBlockPath
+// (ucx_block_path.h) and, for device buffers, NcclBlockPath (nccl_block_path.h). DataPath (data_path.h)
+// picks one per member and per batch; the UCX-to-gRPC fallback of transport "auto" is that choice.
 #ifndef KVTIER_CLIENT_SRC_CLIENT_BLOCK_PATH_H_
 #define KVTIER_CLIENT_SRC_CLIENT_BLOCK_PATH_H_
 
@@ -15,7 +15,9 @@
 #include "absl/time/time.h"
 #include "client/refusal.h"
 #include "kvtier/client/client.h"
+#include "kvtier/client/device_buffer.h"
 #include "kvtier/common/block_key.h"
+#include "kvtier/common/namespace.h"
 #include "kvtier/v1/cache.pb.h"
 
 namespace kvtier::client {
@@ -29,6 +31,12 @@ struct ReadBatchRequest {
   std::span<const std::span<std::byte>> buffers;  // the call's buffers (indexed by idx[k]), block_bytes each
   std::span<GetResult> results;                   // the call's results (indexed by idx[k]); kMissFromError on entry
   absl::Time deadline = absl::InfiniteFuture();   // this attempt's deadline
+  // A batch into device memory (Client::GetIntoDevice): the call's device buffers (indexed by idx[k],
+  // block_bytes each), `buffers` then empty; only a path with capabilities().device_buffers takes it.
+  // Empty for host buffers.
+  std::span<const DeviceBuffer> device_buffers;
+  const Namespace* ns = nullptr;  // the call's namespace; set with device_buffers
+  void* stream = nullptr;         // the caller's cudaStream_t for device_buffers; nullptr = default stream
 };
 
 // A batch of one member's blocks to put. Everything is borrowed for the call.
@@ -55,19 +63,21 @@ class BlockPath {
  public:
   virtual ~BlockPath() = default;
 
-  // "grpc" or "ucx" (MemberInfo::transport's values).
+  // "grpc", "ucx" (MemberInfo::transport's values) or "nccl".
   virtual absl::string_view name() const = 0;
   virtual BlockPathCapabilities capabilities() const = 0;
 
-  // Reads batch.keys into batch.buffers[batch.idx[k]] and sets batch.results[batch.idx[k]] (a block
-  // left kMissFromError when the member fails or misses batch.deadline). A refusal of the request
+  // Reads batch.keys into batch.buffers[batch.idx[k]] (batch.device_buffers[batch.idx[k]] for a device
+  // batch) and sets batch.results[batch.idx[k]] (a block left kMissFromError when the member fails or
+  // misses batch.deadline). A refusal of the request
   // (IsRefusal) is recorded in `refusal`. Returns false, with nothing done to the results, when this
   // path did not move the bytes and another path may (the lease was answered only over gRPC).
   virtual bool Read(const ReadBatchRequest& batch, CallRefusal& refusal) = 0;
 
   // Two-phase put of the batch: sets batch.results[k] (kError when the member fails); each RPC gets
   // rpc_timeout. Returns OK, the member's refusal of the request (IsRefusal; results then say nothing),
-  // or nullopt, with nothing done to the results, when another path may take the batch.
+  // or nullopt, with nothing done to the results, when another path may take the batch (always, for a
+  // path that does not take puts, as NCCL).
   virtual std::optional<absl::Status> Put(const PutBatchRequest& batch) = 0;
 };
 

@@ -14,6 +14,7 @@
 #include "client/data_path.h"
 #include "client/hot_blocks.h"
 #include "client/membership.h"
+#include "client/nccl_endpoints.h"
 #include "client/read_plan.h"
 #include "client/refusal.h"
 #include "client/replication.h"
@@ -40,6 +41,7 @@ class Client::Impl {
   ClientStats stats;
   // Made by Connect, in this order; ~Impl takes them down in the reverse one.
   std::unique_ptr<UcxEndpoints> ucx;
+  std::unique_ptr<NcclEndpoints> nccl;  // workers for device buffers (GetIntoDevice)
   std::unique_ptr<Membership> membership;
   std::unique_ptr<DataPath> data_path;
 
@@ -57,6 +59,7 @@ class Client::Impl {
     }
     data_path.reset();
     membership.reset();
+    nccl.reset();
     ucx.reset();
   }
 
@@ -215,12 +218,13 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   auto credentials = wire::MakeChannelCredentials(security, "tls_");
   if (!credentials.ok()) return credentials.status();
   impl->ucx = std::make_unique<UcxEndpoints>(impl->options, impl->transport_mode, security, impl->stats);
+  impl->nccl = std::make_unique<NcclEndpoints>(impl->options, impl->transport_mode);
   impl->membership = std::make_unique<Membership>(impl->options, impl->stats, std::move(channel_args), security,
                                                   *std::move(credentials));
   const BlockPathFactoryMaker test_paths = BlockPathFactoryForTest();
   impl->data_path = std::make_unique<DataPath>(
       impl->options, impl->transport_mode, impl->stats,
-      test_paths ? test_paths() : MakeBlockPathFactory(impl->options, impl->stats, *impl->ucx));
+      test_paths ? test_paths() : MakeBlockPathFactory(impl->options, impl->stats, *impl->ucx, *impl->nccl));
   Membership& membership = *impl->membership;
   std::vector<std::shared_ptr<Member>> members;
   absl::flat_hash_set<std::string> addresses;
@@ -503,6 +507,67 @@ absl::StatusOr<std::vector<GetResult>> Client::Get(const Namespace& ns, std::spa
   im.stats.misses_from_errors.fetch_add(from_errors, std::memory_order_relaxed);
   im.stats.checksum_failures.fetch_add(corrupt, std::memory_order_relaxed);
   return results;
+}
+
+absl::StatusOr<std::vector<bool>> Client::GetIntoDevice(const Namespace& ns, std::span<const Fingerprint> fps,
+                                                        uint32_t shard, std::span<const DeviceBuffer> buffers,
+                                                        void* stream, uint32_t first_block_index) {
+  const absl::Time call_deadline = CallDeadline(absl::Now(), impl_->options.rpc_timeout);
+  if (absl::Status s = ns.Validate(); !s.ok()) return s;
+  if (shard >= ns.layout.tp_size) {
+    return absl::InvalidArgumentError(absl::StrCat("shard ", shard, " >= tp_size ", ns.layout.tp_size));
+  }
+  if (buffers.size() != fps.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(buffers.size(), " device buffers for ", fps.size(), " blocks"));
+  }
+  const uint64_t block_bytes = ns.layout.ShardBytes();
+  if (block_bytes > impl_->options.max_block_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("a block of this layout is ", block_bytes,
+                                                   " bytes, above max_block_bytes ", impl_->options.max_block_bytes));
+  }
+  for (size_t i = 0; i < buffers.size(); ++i) {
+    if (buffers[i].size_bytes != block_bytes) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("device buffer ", i, " is ", buffers[i].size_bytes, " bytes, a block is ", block_bytes));
+    }
+    if (buffers[i].device != buffers[0].device) {
+      return absl::InvalidArgumentError(absl::StrCat("device buffer ", i, " is on device ", buffers[i].device,
+                                                     ", buffer 0 on device ", buffers[0].device));
+    }
+  }
+  Impl& im = *impl_;
+  std::vector<bool> arrived(fps.size(), false);
+  if (fps.empty()) return arrived;
+  const std::shared_ptr<const RingView> view = im.View();
+  v1::Namespace pns;
+  wire::ToProto(ns, &pns);
+  // One attempt, at each block's first owner: what it cannot send over its device path is the caller's
+  // to fetch through host memory, where Get's fail-over applies.
+  const ReadPlan plan = im.PlanReads(*view, ns, fps, first_block_index);
+  std::vector<uint32_t> all(fps.size());
+  for (uint32_t i = 0; i < all.size(); ++i) all[i] = i;
+  const OwnerGroups groups = GroupByAttempt(plan, all, /*attempt=*/0, im.options.max_blocks_per_request);
+  std::vector<GetResult> results(fps.size(), GetResult::kMissFromError);
+  CallRefusal refusal;
+  Impl::ForEachParallel(groups.size(), [&](size_t g) {
+    const auto& [owner, idx] = groups[g];
+    std::vector<BlockKey> keys;
+    keys.reserve(idx.size());
+    for (uint32_t i : idx) keys.push_back({fps[i], shard});
+    im.data_path->ReadDeviceBatch(*view->owners[owner], ns, pns, keys, idx, block_bytes, buffers, stream, results,
+                                  call_deadline, refusal);
+  });
+  if (refusal.refused()) return refusal.status();
+  uint64_t hits = 0;
+  for (size_t i = 0; i < fps.size(); ++i) {
+    arrived[i] = results[i] == GetResult::kHit;
+    hits += arrived[i];
+  }
+  im.stats.get_blocks.fetch_add(hits, std::memory_order_relaxed);
+  im.stats.retrieve_hit_blocks.fetch_add(hits, std::memory_order_relaxed);
+  im.stats.retrieve_hit_tokens.fetch_add(hits * ns.layout.block_tokens, std::memory_order_relaxed);
+  im.stats.retrieve_hit_bytes.fetch_add(hits * block_bytes, std::memory_order_relaxed);
+  return arrived;
 }
 
 absl::StatusOr<std::vector<PutResult>> Client::Put(const Namespace& ns, std::span<const Fingerprint> fps,

@@ -5,6 +5,8 @@
 #include <utility>
 
 #include "client/grpc_block_path.h"
+#include "client/nccl_block_path.h"
+#include "client/nccl_endpoints.h"
 #include "client/ucx_block_path.h"
 
 namespace kvtier::client {
@@ -13,8 +15,8 @@ namespace {
 
 class RealBlockPaths final : public BlockPathFactory {
  public:
-  RealBlockPaths(const ClientOptions& options, ClientStats& stats, UcxEndpoints& ucx)
-      : options_(options), stats_(stats), ucx_(ucx) {}
+  RealBlockPaths(const ClientOptions& options, ClientStats& stats, UcxEndpoints& ucx, NcclEndpoints& nccl)
+      : options_(options), stats_(stats), ucx_(ucx), nccl_(nccl) {}
 
   std::unique_ptr<BlockPath> Ucx(Member& member, absl::Time deadline) override {
     const std::optional<UcxClient::EndpointId> endpoint = ucx_.Endpoint(member, deadline);
@@ -24,11 +26,17 @@ class RealBlockPaths final : public BlockPathFactory {
   std::unique_ptr<BlockPath> Grpc(Member& member) override {
     return std::make_unique<GrpcBlockPath>(member, options_, stats_);
   }
+  std::unique_ptr<BlockPath> Nccl(Member& member, int32_t device, absl::Time deadline) override {
+    nccl::NcclWorker* worker = nccl_.Worker(member, device, deadline);
+    if (worker == nullptr) return nullptr;
+    return std::make_unique<NcclBlockPath>(*worker, stats_);
+  }
 
  private:
   const ClientOptions& options_;
   ClientStats& stats_;
   UcxEndpoints& ucx_;
+  NcclEndpoints& nccl_;
 };
 
 std::mutex test_factory_mu;
@@ -50,8 +58,8 @@ BlockPathFactoryMaker BlockPathFactoryForTest() {
 }
 
 std::unique_ptr<BlockPathFactory> MakeBlockPathFactory(const ClientOptions& options, ClientStats& stats,
-                                                       UcxEndpoints& ucx) {
-  return std::make_unique<RealBlockPaths>(options, stats, ucx);
+                                                       UcxEndpoints& ucx, NcclEndpoints& nccl) {
+  return std::make_unique<RealBlockPaths>(options, stats, ucx, nccl);
 }
 
 void DataPath::ReadBatch(Member& member, const v1::Namespace& pns, std::span<const BlockKey> keys,
@@ -75,6 +83,25 @@ void DataPath::ReadBatch(Member& member, const v1::Namespace& pns, std::span<con
     }
   }
   (void)paths_->Grpc(member)->Read(batch, refusal);
+}
+
+void DataPath::ReadDeviceBatch(Member& member, const Namespace& ns, const v1::Namespace& pns,
+                               std::span<const BlockKey> keys, std::span<const uint32_t> idx, uint64_t block_bytes,
+                               std::span<const DeviceBuffer> device_buffers, void* stream, std::span<GetResult> results,
+                               absl::Time deadline, CallRefusal& refusal) {
+  if (mode_ != TransportMode::kAuto || idx.empty()) return;
+  const std::unique_ptr<BlockPath> path = paths_->Nccl(member, device_buffers[idx[0]].device, deadline);
+  if (path == nullptr || !path->capabilities().device_buffers) return;
+  const ReadBatchRequest batch{.pns = &pns,
+                               .keys = keys,
+                               .idx = idx,
+                               .block_bytes = block_bytes,
+                               .results = results,
+                               .deadline = deadline,
+                               .device_buffers = device_buffers,
+                               .ns = &ns,
+                               .stream = stream};
+  (void)path->Read(batch, refusal);
 }
 
 absl::Status DataPath::PutBatch(Member& member, const v1::Namespace& pns, std::span<const BlockKey> keys,

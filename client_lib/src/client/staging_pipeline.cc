@@ -87,9 +87,25 @@ absl::StatusOr<std::vector<GetResult>> StagingPipeline::Get(HostBlockIo& io, con
   KVTIER_ASSIGN_OR_RETURN(const uint64_t block_bytes, CheckCall(ns, fps.size(), shard, buffers));
   const size_t per_batch = BlocksPerBatch(block_bytes);
   std::vector<GetResult> results(fps.size(), GetResult::kMiss);
+  // Blocks a device path delivered straight into their buffers are done; the rest (`rest`, positions
+  // in the call) are staged.
+  KVTIER_ASSIGN_OR_RETURN(const std::vector<bool> arrived, io.GetIntoDevice(ns, fps, shard, buffers, stream));
+  if (arrived.size() != fps.size()) {
+    return absl::InternalError(absl::StrCat("device get returned ", arrived.size(), " results for ", fps.size()));
+  }
+  std::vector<uint32_t> rest;
+  std::vector<Fingerprint> rest_fps;
+  for (uint32_t i = 0; i < fps.size(); ++i) {
+    if (arrived[i]) {
+      results[i] = GetResult::kHit;
+    } else {
+      rest.push_back(i);
+      rest_fps.push_back(fps[i]);
+    }
+  }
   std::vector<std::span<std::byte>> views;
-  for (size_t start = 0; start < fps.size(); start += per_batch) {
-    const size_t count = std::min(per_batch, fps.size() - start);
+  for (size_t start = 0; start < rest.size(); start += per_batch) {
+    const size_t count = std::min(per_batch, rest.size() - start);
     const uint32_t slot = next_slot_;
     next_slot_ = (next_slot_ + 1) % slots_.size();
     // The slot's previous host-to-device copies (this call's or an earlier one's) must have run
@@ -97,15 +113,17 @@ absl::StatusOr<std::vector<GetResult>> StagingPipeline::Get(HostBlockIo& io, con
     KVTIER_RETURN_IF_ERROR(engine_->Wait(slot));
     views.clear();
     for (size_t j = 0; j < count; ++j) views.emplace_back(slots_[slot] + j * block_bytes, block_bytes);
-    KVTIER_ASSIGN_OR_RETURN(std::vector<GetResult> got, io.Get(ns, fps.subspan(start, count), shard, views));
+    KVTIER_ASSIGN_OR_RETURN(std::vector<GetResult> got,
+                            io.Get(ns, std::span<const Fingerprint>(rest_fps).subspan(start, count), shard, views));
     if (got.size() != count) {
       return absl::InternalError(absl::StrCat("host get returned ", got.size(), " results for ", count, " blocks"));
     }
     for (size_t j = 0; j < count; ++j) {
-      results[start + j] = got[j];
+      const uint32_t i = rest[start + j];
+      results[i] = got[j];
       if (got[j] != GetResult::kHit) continue;
       KVTIER_RETURN_IF_ERROR(
-          engine_->CopyAsync(CopyKind::kHostToDevice, buffers[start + j].ptr, views[j].data(), block_bytes, stream));
+          engine_->CopyAsync(CopyKind::kHostToDevice, buffers[i].ptr, views[j].data(), block_bytes, stream));
       stats_.host_to_device_bytes.fetch_add(block_bytes, std::memory_order_relaxed);
     }
     KVTIER_RETURN_IF_ERROR(engine_->Record(slot, stream));

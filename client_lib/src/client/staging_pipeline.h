@@ -41,10 +41,19 @@ class CopyEngine {
   virtual absl::Status Wait(uint32_t slot) = 0;
 };
 
-// The host-memory block transfer the pipeline stages through: Client::Get/Put in production.
+// The block transfer the pipeline stages through: Client::Get/Put in production, and Client::GetIntoDevice
+// for the blocks whose owner writes device memory itself (NCCL), which skip staging.
 class HostBlockIo {
  public:
   virtual ~HostBlockIo() = default;
+  // Fetches into `buffers` the blocks a device path can receive straight there; true per block that
+  // arrived. Default: none arrive (every block is staged).
+  virtual absl::StatusOr<std::vector<bool>> GetIntoDevice(const Namespace& ns, std::span<const Fingerprint> fps,
+                                                          uint32_t shard, std::span<const DeviceBuffer> buffers,
+                                                          void* stream) {
+    (void)ns, (void)shard, (void)buffers, (void)stream;
+    return std::vector<bool>(fps.size(), false);
+  }
   virtual absl::StatusOr<std::vector<GetResult>> Get(const Namespace& ns, std::span<const Fingerprint> fps,
                                                      uint32_t shard, std::span<const std::span<std::byte>> buffers) = 0;
   virtual absl::StatusOr<std::vector<PutResult>> Put(const Namespace& ns, std::span<const Fingerprint> fps,
@@ -60,6 +69,10 @@ class ClientBlockIo final : public HostBlockIo {
                                              std::span<const std::span<std::byte>> buffers) override {
     return client_.Get(ns, fps, shard, buffers);
   }
+  absl::StatusOr<std::vector<bool>> GetIntoDevice(const Namespace& ns, std::span<const Fingerprint> fps, uint32_t shard,
+                                                  std::span<const DeviceBuffer> buffers, void* stream) override {
+    return client_.GetIntoDevice(ns, fps, shard, buffers, stream);
+  }
   absl::StatusOr<std::vector<PutResult>> Put(const Namespace& ns, std::span<const Fingerprint> fps, uint32_t shard,
                                              std::span<const std::span<const std::byte>> blocks,
                                              uint32_t first_block_index) override {
@@ -73,7 +86,8 @@ class ClientBlockIo final : public HostBlockIo {
 // Moves batches of blocks between device buffers and a HostBlockIo through `staging_buffers` pinned
 // slots, round-robin across calls. A slot is refilled only after Wait() on its last Record, so a copy
 // still in flight never sees its source overwritten.
-//   Get: for each batch, Wait(slot); host Get into the slot; enqueue H2D of each hit; Record(slot).
+//   Get: first io.GetIntoDevice (blocks it delivers are hits, never staged); then, for each batch of
+//        the others, Wait(slot); host Get into the slot; enqueue H2D of each hit; Record(slot).
 //        The host Get of batch i+1 runs while batch i's copies are in flight.
 //   Put: D2H copies are enqueued up to staging_buffers - 1 batches ahead of the host Put, so that the
 //        copy of batch i+1 runs during the Put of batch i.

@@ -13,6 +13,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "kvtier/client/device_buffer.h"
 #include "kvtier/common/block_meta.h"
 #include "kvtier/common/counters.h"
 #include "kvtier/common/fingerprint.h"
@@ -168,8 +169,8 @@ struct MemberInfo {
   MemberHealth health = MemberHealth::kUnknown;
   uint32_t consecutive_failures = 0;  // failed health checks in a row (0 after a pass)
   std::string last_health_error;      // why the last failed check failed; "" when it passed
-  // Data path of this member's block bytes now: "ucx" (endpoint up), "grpc", or "none" (transport
-  // "ucx" and no working endpoint).
+  // Data path of this member's block bytes into host buffers now: "ucx" (endpoint up), "grpc", or "none"
+  // (transport "ucx" and no working endpoint). Device buffers may take NCCL (Client::GetIntoDevice).
   std::string transport = "grpc";
 };
 
@@ -343,6 +344,23 @@ class Client {
   absl::StatusOr<std::vector<GetResult>> Get(const Namespace& ns, std::span<const Fingerprint> fingerprints,
                                              uint32_t shard, std::span<const std::span<std::byte>> buffers,
                                              uint32_t first_block_index = 0);
+
+  // The direct half of a Get into GPU memory. Callers with device buffers use DeviceTransfer::GetToDevice
+  // (device_transfer.h), which calls this first and fetches the blocks it leaves through pinned host
+  // memory. Each block goes to the first owner its read plan asks (as Get's first attempt); where that
+  // member has a data path that writes device memory itself (a member serving NCCL from its HBM tier,
+  // docs/gpu.md; with transport "auto" only), the block is received straight into `buffers[i]` (device
+  // memory of buffers[i].device, each ShardBytes() long, borrowed until this returns). Returns, per
+  // block, whether it arrived in its buffer (true) or is left to the caller's host path (false: its
+  // owner has no such path, does not hold it in its device tier, or failed; the buffer's bytes are then
+  // undefined). Returns once the arrived bytes are in place on `stream` (a cudaStream_t; nullptr = the
+  // device's default stream). Arrived blocks are counted in get_blocks and retrieve_hit_*; the others are not counted
+  // here (the host Get that fetches them counts them). They are not re-checksummed (the member verified them on entry
+  // to its device tier) and do not make blocks hot. Errors: InvalidArgument (as Get; a buffer whose size_bytes is not
+  // ShardBytes()).
+  absl::StatusOr<std::vector<bool>> GetIntoDevice(const Namespace& ns, std::span<const Fingerprint> fingerprints,
+                                                  uint32_t shard, std::span<const DeviceBuffer> buffers,
+                                                  void* stream = nullptr, uint32_t first_block_index = 0);
 
   // Stores shard `shard` of each block from `blocks[i]` (borrowed for the call, each ShardBytes() long)
   // with a two-phase put per owner (allocate, write, commit with XXH3-64 checksums).

@@ -19,18 +19,11 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "kvtier/client/client.h"
+#include "kvtier/client/device_buffer.h"
 #include "kvtier/common/fingerprint.h"
 #include "kvtier/common/namespace.h"
 
 namespace kvtier::client {
-
-// One block's device memory. Non-owning: the caller allocates it (cudaMalloc or managed memory) and keeps
-// it alive until the copies enqueued on the call's stream have run.
-struct DeviceBuffer {
-  int32_t device = 0;       // CUDA device ordinal that holds `ptr`
-  void* ptr = nullptr;      // device address of the block's first byte
-  uint64_t size_bytes = 0;  // must equal ns.layout.ShardBytes() of the call
-};
 
 struct DeviceTransferOptions {
   // CUDA device of every buffer passed to this DeviceTransfer (and of its copies). Default 0.
