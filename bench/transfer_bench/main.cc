@@ -37,6 +37,9 @@
 #include "kvtier/client/client.h"
 #include "kvtier/common/checksum.h"
 #include "kvtier/common/fingerprint.h"
+#include "kvtier/ucx/ucx_client.h"
+#include "kvtier/v1/cache.pb.h"
+#include "kvtier/wire/wire.h"
 
 #if KVTIER_HAVE_HIREDIS
 #include <hiredis/hiredis.h>
@@ -59,7 +62,13 @@ ABSL_FLAG(std::string, perftest, "ucx_perftest", "ucx_perftest binary; empty = s
 ABSL_FLAG(std::string, redis, "redis-server",
           "redis-server binary for the Redis baseline (GET/SET through hiredis); empty = skip");
 ABSL_FLAG(int, repeat, 3, "passes over every row (limits included); each row reports its median pass");
-ABSL_FLAG(bool, json, false, "print the rows as one JSON object");
+ABSL_FLAG(bool, json, false,
+          "print the rows as one JSON object, with put_breakdown: one UCX put batch step by step (reserve, "
+          "send, hash, commit; microseconds, median)");
+ABSL_FLAG(bool, put_commit, true,
+          "the server commits a UCX put batch on its last message (ucx.put_commit); false: the client "
+          "commits after kPutDone (as against a server without it)");
+ABSL_FLAG(uint32_t, put_batch_blocks, 64, "the clients' put_batch_blocks: a call of more blocks is pipelined batches");
 ABSL_FLAG(std::string, clients, "1",
           "concurrent clients of the UCX rows, each its own process (e.g. 1,4,16): one row per count");
 // Worker mode (set by the parent for --clients above 1): one client process's share of a row.
@@ -192,10 +201,14 @@ std::unique_ptr<ServerChild> StartServer(const std::string& binary, const std::s
                                    "--ucx_transports=" + tls,
                                    absl::StrCat("--host_cache_bytes=", host_bytes),
                                    "--port_file=" + port_file};
+  std::string config;
   if (!token.empty()) {
-    std::ofstream(s->dir + "/auth.yaml") << "auth:\n  tokens:\n    - {token: " << token
-                                         << ", tenant: bench, role: worker}\n";
-    args.push_back("--config=" + s->dir + "/auth.yaml");
+    config += absl::StrCat("auth:\n  tokens:\n    - {token: ", token, ", tenant: bench, role: worker}\n");
+  }
+  if (!absl::GetFlag(FLAGS_put_commit)) config += "ucx:\n  put_commit: false\n";
+  if (!config.empty()) {
+    std::ofstream(s->dir + "/config.yaml") << config;
+    args.push_back("--config=" + s->dir + "/config.yaml");
   }
   s->pid = Spawn(args, {}, s->dir + "/server.log");
   for (int i = 0; i < 1000; ++i) {
@@ -284,6 +297,90 @@ void MeasureClient(Client& client, const std::string& path, const std::string& t
   rows.push_back(get);
 }
 
+// One UCX put batch of `batch` blocks step by step, driven through the UCX plane's own client (as
+// Client::Put drives it), over a fresh endpoint to the server at `ucx_address`; medians over `calls`
+// batches of fresh keys, microseconds:
+//   reserve_us: the kAllocate round trip.
+//   send_us, hash_us, commit_us: the batch with the commit after its bytes (kPut and the sends until
+//     the server's kPutDone; the client's XXH3 of the batch, computed meanwhile; the kCommit round trip).
+//   send_commit_us, commit_hash_us: the batch with the commit on its last message (kPut, the sends and
+//     the kPutCommit until its one reply; the client's XXH3, computed meanwhile); only on a server that
+//     takes it (commits_puts).
+// The server hashes each block as it lands (on its progress thread, inside send_us); the xxh3 row of
+// the same size is that cost.
+nlohmann::json MeasurePutBreakdown(const std::string& ucx_address, const std::string& tls, uint64_t block,
+                                   uint32_t batch, uint64_t& seed) {
+  auto ucx = kvtier::ucx::UcxClient::Create(tls, /*get_lanes=*/1);
+  if (!ucx.ok()) return {{"error", std::string(ucx.status().message())}};
+  auto conn = (*ucx)->Connect(ucx_address, absl::Now() + absl::Seconds(10));
+  if (!conn.ok() || !conn->takes_puts) return {{"error", "no UCX endpoint that takes puts"}};
+  const Namespace ns = BenchNamespace(block);
+  std::vector<std::vector<std::byte>> data(batch, std::vector<std::byte>(block));
+  for (uint32_t b = 0; b < batch; ++b) {
+    for (uint64_t i = 0; i < block; i += 4096) data[b][i] = static_cast<std::byte>(b + i / 4096 + 7);
+  }
+  std::vector<std::span<const std::byte>> blocks(data.begin(), data.end());
+  std::vector<uint32_t> indices(batch);
+  for (uint32_t i = 0; i < batch; ++i) indices[i] = i;
+  const int calls = std::clamp(Iterations(block * batch) / 4, 3, 50);
+  std::map<std::string, std::vector<double>> us;
+  int failed = 0;
+  auto since = [](absl::Time t) { return absl::ToDoubleMicroseconds(absl::Now() - t); };
+  for (int i = 0; i < 2 * calls; ++i) {
+    const bool on_last = i >= calls;  // a stream of each way, as a put of many batches is
+    if (on_last && !conn->commits_puts) continue;
+    kvtier::v1::AllocateRequest areq;
+    kvtier::wire::ToProto(ns, areq.mutable_namespace_());
+    std::vector<kvtier::BlockKey> keys;
+    for (const Fingerprint& fp : Keys(ns, batch, ++seed)) keys.push_back({fp, 0});
+    kvtier::wire::EncodeKeys(keys, areq.mutable_keys());
+    for (uint32_t d = 0; d < batch; ++d) areq.add_depths(d);
+    const absl::Time deadline = absl::Now() + absl::Seconds(30);
+    absl::Time t = absl::Now();
+    auto answer = (*ucx)->Allocate(conn->endpoint, areq.SerializeAsString(), deadline);
+    kvtier::v1::AllocateResponse aresp;
+    if (!answer.ok() || !aresp.ParseFromString(*answer) || aresp.results_size() != static_cast<int>(batch)) {
+      ++failed;
+      continue;
+    }
+    us["reserve_us"].push_back(since(t));
+    const kvtier::CapabilityId id = kvtier::CapabilityId::FromWire(aresp.reservation_id());
+    kvtier::v1::CommitRequest creq;
+    creq.set_reservation_id(aresp.reservation_id());
+    double hash_us = 0;
+    auto hash = [&] {
+      const absl::Time h = absl::Now();
+      for (const auto& b : blocks) creq.add_checksums(kvtier::BlockChecksum(b.data(), b.size()));
+      hash_us = since(h);
+    };
+    kvtier::v1::CommitResponse cresp;
+    bool ok = false;
+    t = absl::Now();
+    if (on_last) {
+      auto r = (*ucx)->PutAndCommit(conn->endpoint, id, indices, blocks, deadline, [&] {
+        hash();
+        return creq.SerializeAsString();
+      });
+      us["send_commit_us"].push_back(since(t));
+      us["commit_hash_us"].push_back(hash_us);
+      ok = r.commit.ok() && cresp.ParseFromString(*r.commit);
+    } else {
+      const auto r = (*ucx)->Put(conn->endpoint, id, indices, blocks, deadline, hash);
+      us["send_us"].push_back(since(t));
+      us["hash_us"].push_back(hash_us);
+      t = absl::Now();
+      auto c = (*ucx)->Commit(conn->endpoint, creq.SerializeAsString(), deadline);
+      us["commit_us"].push_back(since(t));
+      ok = !r.endpoint_failed && c.ok() && cresp.ParseFromString(*c);
+    }
+    for (int k = 0; ok && k < cresp.results_size(); ++k) ok = cresp.results(k) == kvtier::v1::COMMIT_RESULT_COMMITTED;
+    failed += ok && cresp.results_size() == static_cast<int>(batch) ? 0 : 1;
+  }
+  nlohmann::json j = {{"batches", calls}, {"failed", failed}, {"commits_puts", conn->commits_puts}};
+  for (const auto& [name, v] : us) j[name] = Percentile(v, 0.5);
+  return j;
+}
+
 // Worker mode: connects to --worker_address over UCX, prepares its keys (a get worker puts its batch
 // once), waits for --worker_start_unix_ms, times --worker_calls calls and prints one JSON line:
 // {"start_us", "end_us" (Unix microseconds), "bytes", "failed", "call_us": [...]}. Exit 1 on errors.
@@ -294,6 +391,7 @@ int RunWorker() {
   const bool put = absl::GetFlag(FLAGS_worker_op) == "put";
   auto client = Client::Connect({.members = {absl::GetFlag(FLAGS_worker_address)},
                                  .rpc_timeout = absl::Seconds(30),
+                                 .put_batch_blocks = absl::GetFlag(FLAGS_put_batch_blocks),
                                  .transport = "ucx",
                                  .ucx_transports = absl::GetFlag(FLAGS_worker_tls)});
   if (!client.ok()) {
@@ -365,7 +463,8 @@ void MeasureClients(const std::string& address, const std::string& path, const s
       pids.push_back(Spawn({self, "--worker_address=" + address, "--worker_tls=" + tls,
                             absl::StrCat("--worker_op=", op), absl::StrCat("--worker_block=", block),
                             absl::StrCat("--worker_batch=", batch), absl::StrCat("--worker_calls=", calls),
-                            absl::StrCat("--worker_seed=", seed), absl::StrCat("--worker_start_unix_ms=", at)},
+                            absl::StrCat("--worker_seed=", seed), absl::StrCat("--worker_start_unix_ms=", at),
+                            absl::StrCat("--put_batch_blocks=", absl::GetFlag(FLAGS_put_batch_blocks))},
                            {}, logs.back()));
     }
     Row row{
@@ -629,10 +728,11 @@ struct BenchPlan {
   uint64_t host_bytes = 0;
 };
 
-// One pass over every row: the UCX limit, kvtier over UCX (and gRPC), memcpy, Redis. Appends to `rows`;
+// One pass over every row: the UCX limit, kvtier over UCX (and gRPC), memcpy, Redis. Appends to `rows`
+// (and with --json one put batch's breakdown per path, size and batch to `breakdowns`);
 // clears `ok` when a kvtier row lost blocks. Returns false when the run cannot go on (a server did not
 // start, a client did not connect).
-bool MeasureOnce(const BenchPlan& plan, std::vector<Row>& rows, bool& ok) {
+bool MeasureOnce(const BenchPlan& plan, std::vector<Row>& rows, nlohmann::json& breakdowns, bool& ok) {
   const auto& [paths, blocks, batches, perftest, do_memcpy, redis, server, host_bytes] = plan;
   for (const std::string& path : paths) {
     // The UCX limit first, while no kvtier process competes for the cores.
@@ -662,8 +762,11 @@ bool MeasureOnce(const BenchPlan& plan, std::vector<Row>& rows, bool& ok) {
       const bool with_auth = row_transport == "ucx-auth";
       const std::string transport = with_auth ? "ucx" : row_transport;
       const std::string address = absl::StrCat("127.0.0.1:", with_auth ? auth_srv->grpc_port : srv->grpc_port);
-      kvtier::client::ClientOptions options{
-          .members = {address}, .rpc_timeout = absl::Seconds(30), .transport = transport, .ucx_transports = tls};
+      kvtier::client::ClientOptions options{.members = {address},
+                                            .rpc_timeout = absl::Seconds(30),
+                                            .put_batch_blocks = absl::GetFlag(FLAGS_put_batch_blocks),
+                                            .transport = transport,
+                                            .ucx_transports = tls};
       if (with_auth) options.auth_token = kBenchToken;
       auto client = Client::Connect(options);
       if (!client.ok()) {
@@ -683,6 +786,18 @@ bool MeasureOnce(const BenchPlan& plan, std::vector<Row>& rows, bool& ok) {
         }
       }
       ok &= (*client)->stats().misses_from_errors.load() == 0;
+    }
+    if (absl::GetFlag(FLAGS_json) && absl::GetFlag(FLAGS_ops).find("put") != std::string::npos) {
+      for (uint64_t b : blocks) {
+        for (uint64_t n : batches) {
+          nlohmann::json j = MeasurePutBreakdown(absl::StrCat("127.0.0.1:", srv->ucx_port), UcxTls(path), b,
+                                                 static_cast<uint32_t>(n), seed);
+          j["path"] = path;
+          j["block_bytes"] = b;
+          j["batch"] = n;
+          breakdowns.push_back(std::move(j));
+        }
+      }
     }
     // Concurrent clients, each its own process, against the server without tokens.
     for (uint64_t n_clients : ParseList(absl::GetFlag(FLAGS_clients))) {
@@ -792,8 +907,9 @@ int main(int argc, char** argv) {
   const int repeat = std::max(1, absl::GetFlag(FLAGS_repeat));
   std::vector<std::vector<Row>> passes(repeat);
   bool ok = true;
+  nlohmann::json breakdowns = nlohmann::json::array();  // every pass's
   for (auto& pass : passes) {
-    if (!MeasureOnce(plan, pass, ok)) return 1;
+    if (!MeasureOnce(plan, pass, breakdowns, ok)) return 1;
   }
   const std::vector<Row> rows = MedianRows(passes);
 
@@ -837,7 +953,7 @@ int main(int argc, char** argv) {
     out.push_back(j);
   }
   if (absl::GetFlag(FLAGS_json)) {
-    std::printf("%s\n", nlohmann::json{{"rows", out}}.dump().c_str());
+    std::printf("%s\n", nlohmann::json{{"rows", out}, {"put_breakdown", breakdowns}}.dump().c_str());
   } else {
     std::printf("%-5s %-12s %-6s %10s %5s %8s %12s %10s %10s %8s %8s %8s  %s\n", "path", "transport", "op", "block",
                 "batch", "GB/s", "min-max", "p50_us", "p99_us", "/perf", "/memcpy", "/redis", "note");

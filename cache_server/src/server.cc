@@ -283,7 +283,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
                                       .transports = options.ucx_transports,
                                       .transfer_timeout = options.ucx_transfer_timeout,
                                       .pending_connection_timeout = options.ucx_pending_connection_timeout,
-                                      .max_pending_connections_per_host = options.ucx_max_pending_connections_per_host};
+                                      .max_pending_connections_per_host = options.ucx_max_pending_connections_per_host,
+                                      .offer_put_commit = options.ucx_put_commit};
     // Tokens or TLS on: a UCX endpoint must prove a credential of the gRPC plane (a session ticket).
     impl->ucx_sessions =
         std::make_unique<UcxSessions>(options.ucx_session_ttl, impl->auth->enabled() || options.tls_enabled());

@@ -1,6 +1,9 @@
 // A writer killed (SIGKILL) or stopped (SIGSTOP) in the middle of a put must not hold its keys past
 // its reservation's expiry, on any transport: a real kvtier-server process, a real writer process (this
 // binary, run again with KVTIER_DEAD_WRITER set), and a second client that puts the same keys meanwhile.
+// The writer is killed by a signal at a moment the test picks (mid-put), or kills itself at a step of
+// the put it drives by hand over the UCX plane or gRPC (KVTIER_DEAD_WRITER_STEP): right after its
+// reservation, with its bytes on the way, or after its last byte landed and before any commit.
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -13,6 +16,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -24,7 +28,10 @@
 #include "absl/strings/str_cat.h"
 #include "kvtier/client/client.h"
 #include "kvtier/common/fingerprint.h"
+#include "kvtier/ucx/ucx_client.h"
 #include "kvtier/v1/admin.grpc.pb.h"
+#include "kvtier/v1/cache.grpc.pb.h"
+#include "kvtier/wire/wire.h"
 #include "testing/scrape_metrics.h"
 #include "testing/server_process.h"
 #include "testing/sized_blocks.h"
@@ -99,6 +106,117 @@ class DeadWriter : public ::testing::Environment {
   }
 };
 [[maybe_unused]] ::testing::Environment* const kDeadWriter = ::testing::AddGlobalTestEnvironment(new DeadWriter);
+
+// Where a step writer kills itself.
+enum class Step { kAfterReserve, kMidSend, kAfterLastSend };
+const char* StepName(Step s) {
+  return s == Step::kAfterReserve ? "after_reserve" : s == Step::kMidSend ? "mid_send" : "after_last_send";
+}
+
+// The UCX step writer: kAllocate over the endpoint, then the bytes as the client sends them when the
+// server takes the commit on the last message (kPut, the sends, the kPutCommit once the checksums are
+// computed), killed at `step`. kAfterLastSend: a kPut and its sends, waited for until the server's
+// kPutDone (every byte landed and hashed), and no commit.
+void UcxStepWriter(const std::string& ucx_address, const std::string& ucx_transports, const v1::AllocateRequest& areq,
+                   std::span<const std::span<const std::byte>> blocks, Step step) {
+  auto ucx = ucx::UcxClient::Create(ucx_transports, /*get_lanes=*/1);
+  if (!ucx.ok()) _exit(5);
+  auto conn = (*ucx)->Connect(ucx_address, absl::Now() + absl::Seconds(10));
+  if (!conn.ok() || !conn->takes_puts || !conn->commits_puts) _exit(6);
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  auto answer = (*ucx)->Allocate(conn->endpoint, areq.SerializeAsString(), deadline);
+  v1::AllocateResponse aresp;
+  if (!answer.ok() || !aresp.ParseFromString(*answer) || aresp.results_size() != static_cast<int>(blocks.size()))
+    _exit(7);
+  if (step == Step::kAfterReserve) raise(SIGKILL);
+  std::vector<uint32_t> indices(blocks.size());
+  for (uint32_t i = 0; i < indices.size(); ++i) indices[i] = i;
+  const CapabilityId id = CapabilityId::FromWire(aresp.reservation_id());
+  if (step == Step::kAfterLastSend) {
+    const ucx::UcxClient::TransferResult r = (*ucx)->Put(conn->endpoint, id, indices, blocks, deadline);
+    for (auto item : r.items) {
+      if (item != ucx::UcxClient::ItemStatus::kOk) _exit(8);
+    }
+    raise(SIGKILL);
+  }
+  // kMidSend: killed while the bytes move, where the client computes its commit's checksums.
+  (void)(*ucx)->PutAndCommit(conn->endpoint, id, indices, blocks, deadline, [&]() -> std::string {
+    std::this_thread::sleep_for(std::chrono::milliseconds(3));
+    raise(SIGKILL);
+    return {};
+  });
+  _exit(9);
+}
+
+// The gRPC step writer: the Allocate RPC, the WriteBlocks stream (kMidSend: killed after half of its
+// chunks; kAfterLastSend: after the stream finished, every byte with the server), never the Commit.
+void GrpcStepWriter(const std::string& address, const v1::AllocateRequest& areq,
+                    std::span<const std::span<const std::byte>> blocks, Step step) {
+  auto stub = v1::CacheService::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  v1::AllocateResponse aresp;
+  {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+    if (!stub->Allocate(&ctx, areq, &aresp).ok() || aresp.results_size() != static_cast<int>(blocks.size())) _exit(7);
+  }
+  if (step == Step::kAfterReserve) raise(SIGKILL);
+  constexpr uint64_t kChunk = 1 << 20;
+  const uint64_t chunks = blocks.size() * ((kBlockBytes + kChunk - 1) / kChunk);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  v1::WriteBlocksResponse wresp;
+  auto writer = stub->WriteBlocks(&ctx, &wresp);
+  v1::WriteBlocksRequest chunk;
+  chunk.set_reservation_id(aresp.reservation_id());
+  uint64_t written = 0;
+  for (uint32_t k = 0; k < blocks.size(); ++k) {
+    for (uint64_t off = 0; off < blocks[k].size(); off += kChunk) {
+      if (step == Step::kMidSend && written == chunks / 2) raise(SIGKILL);
+      chunk.set_index(k);
+      chunk.set_offset(off);
+      chunk.set_data(reinterpret_cast<const char*>(blocks[k].data() + off), std::min(kChunk, blocks[k].size() - off));
+      if (!writer->Write(chunk)) _exit(8);
+      ++written;
+    }
+  }
+  writer->WritesDone();
+  if (!writer->Finish().ok()) _exit(8);
+  raise(SIGKILL);
+}
+
+// The step writer process: KVTIER_DEAD_WRITER_STEP="<address> <ucx host:port or -> <ucx_transports or
+// -> <seed> <step>"; over gRPC when the UCX address is "-". It dies by its own SIGKILL at the step; any
+// exit is a failure of its own (the test then says so).
+class DeadStepWriter : public ::testing::Environment {
+ public:
+  void SetUp() override {
+    const char* spec = std::getenv("KVTIER_DEAD_WRITER_STEP");
+    if (spec == nullptr) return;
+    std::istringstream in(spec);
+    std::string address, ucx_address, ucx_transports;
+    uint32_t seed = 0;
+    int step = 0;
+    if (!(in >> address >> ucx_address >> ucx_transports >> seed >> step)) _exit(2);
+    if (ucx_transports == "-") ucx_transports.clear();
+    const Namespace ns = WriterNamespace(seed);
+    const std::vector<Fingerprint> fps = WriterFingerprints(ns);
+    Blocks blocks = MakeBlocks(fps);
+    v1::AllocateRequest areq;
+    wire::ToProto(ns, areq.mutable_namespace_());
+    std::vector<BlockKey> keys;
+    for (const Fingerprint& fp : fps) keys.push_back({fp, 0});
+    wire::EncodeKeys(keys, areq.mutable_keys());
+    for (uint32_t i = 0; i < fps.size(); ++i) areq.add_depths(i);
+    if (ucx_address == "-") {
+      GrpcStepWriter(address, areq, blocks.views, static_cast<Step>(step));
+    } else {
+      UcxStepWriter(ucx_address, ucx_transports, areq, blocks.views, static_cast<Step>(step));
+    }
+    _exit(10);
+  }
+};
+[[maybe_unused]] ::testing::Environment* const kDeadStepWriter =
+    ::testing::AddGlobalTestEnvironment(new DeadStepWriter);
 
 struct Transport {
   std::string name;            // test name suffix
@@ -178,6 +296,38 @@ class DeadWriterTest : public ::testing::TestWithParam<Transport> {
     return reserved && WIFSIGNALED(status);
   }
 
+  // Starts a step writer of the blocks of `seed` that kills itself at `step` (DeadStepWriter) and waits
+  // for it. Returns true when it died of its SIGKILL (and so at that step).
+  bool WriterKillsItselfAt(uint32_t seed, Step step) {
+    const bool over_ucx = GetParam().client == "ucx";
+    const std::string spec = absl::StrCat(
+        server_->address(), " ", over_ucx ? absl::StrCat("127.0.0.1:", server_->ucx_port()) : "-", " ",
+        GetParam().ucx_transports.empty() ? "-" : GetParam().ucx_transports, " ", seed, " ", static_cast<int>(step));
+    const ::testing::UnitTest& unit = *::testing::UnitTest::GetInstance();
+    std::string filter =
+        absl::StrCat("--gtest_filter=", unit.current_test_suite()->name(), ".", unit.current_test_info()->name());
+    std::string env = "KVTIER_DEAD_WRITER_STEP=" + spec;
+    std::string ucx_env = "UCX_NET_DEVICES=lo";
+    std::string self = "/proc/self/exe";
+    char* envp[] = {env.data(), ucx_env.data(), nullptr};
+    char* argv[] = {self.data(), filter.data(), nullptr};
+    const int devnull = open("/dev/null", O_WRONLY | O_CLOEXEC);
+    const pid_t pid = fork();
+    if (pid == 0) {
+      dup2(devnull, STDOUT_FILENO);
+      execve(argv[0], argv, envp);
+      _exit(127);
+    }
+    close(devnull);
+    EXPECT_GT(pid, 0);
+    if (pid <= 0) return false;
+    int status = 0;
+    waitpid(pid, &status, 0);
+    EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL)
+        << "the writer exited " << (WIFEXITED(status) ? WEXITSTATUS(status) : -1) << " before " << StepName(step);
+    return WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL;
+  }
+
   // The server's count of UCX receives that failed or were cancelled.
   double WriteTransferErrors() const {
     return testing::MetricValue(testing::ScrapeMetrics(server_->metrics_port()),
@@ -197,7 +347,8 @@ class DeadWriterTest : public ::testing::TestWithParam<Transport> {
   // of the signal, and that no read ever returns a block that is not the second client's. With
   // `until_mid_transfer`, writers (each with its own keys) are signalled until one is caught with its
   // bytes on the way (up to 5): a signal before any byte moved proves nothing about pinned transfers.
-  void ExpectKeysBackWithinTheReservationTtl(int sig, bool until_mid_transfer);
+  // `step`: the writer kills itself at that step (WriterKillsItselfAt) instead of being signalled.
+  void ExpectKeysBackWithinTheReservationTtl(int sig, bool until_mid_transfer, std::optional<Step> step = {});
 
   std::vector<pid_t> stopped_writers_;
   std::string dir_;
@@ -205,7 +356,7 @@ class DeadWriterTest : public ::testing::TestWithParam<Transport> {
   std::unique_ptr<v1::AdminService::Stub> admin_;
 };
 
-void DeadWriterTest::ExpectKeysBackWithinTheReservationTtl(int sig, bool until_mid_transfer) {
+void DeadWriterTest::ExpectKeysBackWithinTheReservationTtl(int sig, bool until_mid_transfer, std::optional<Step> step) {
   // The second client connects first, so that it asks right after the signal.
   auto c = Client::Connect(WriterOptions(server_->address(), GetParam().client, GetParam().ucx_transports));
   ASSERT_OK(c);
@@ -220,7 +371,7 @@ void DeadWriterTest::ExpectKeysBackWithinTheReservationTtl(int sig, bool until_m
     Blocks in = MakeBlocks(fps);
     const double errors_before = WriteTransferErrors();
     const uint64_t grpc_bytes_before = Stats().grpc_write_bytes();
-    if (!SignalWriterMidPut(seed, sig)) continue;
+    if (step.has_value() ? !WriterKillsItselfAt(seed, *step) : !SignalWriterMidPut(seed, sig)) continue;
     tried = true;
     const absl::Time signalled = absl::Now();
 
@@ -273,9 +424,10 @@ void DeadWriterTest::ExpectKeysBackWithinTheReservationTtl(int sig, bool until_m
     const uint64_t grpc_bytes = st.grpc_write_bytes() - grpc_bytes_before - kBlocks * kBlockBytes;  // less ours
     mid_transfer = GetParam().client == "ucx" ? WriteTransferErrors() > errors_before
                                               : grpc_bytes > 0 && grpc_bytes < kBlocks * kBlockBytes;
-    std::cerr << (sig == SIGKILL ? "killed" : "stopped") << " writer over " << GetParam().name << " (keys " << seed
-              << "): IN_PROGRESS until " << last_held << " after the signal, STORED by a put asked " << back
-              << " after it" << (mid_transfer ? "; transfers were cut" : "; no transfer was cut") << "\n";
+    std::cerr << (step.has_value() ? StepName(*step) : "") << (sig == SIGKILL ? " killed" : " stopped")
+              << " writer over " << GetParam().name << " (keys " << seed << "): IN_PROGRESS until " << last_held
+              << " after the signal, STORED by a put asked " << back << " after it"
+              << (mid_transfer ? "; transfers were cut" : "; no transfer was cut") << "\n";
     EXPECT_GE(st.expired_reservations(), 1u);
     EXPECT_EQ(st.active_reservations(), 0u);
   }
@@ -299,6 +451,24 @@ TEST_P(DeadWriterTest, AKilledWritersKeysAreStoredByAnotherClientWithinTheReserv
 // this checks too.
 TEST_P(DeadWriterTest, AStoppedWritersKeysAreStoredByAnotherClientWithinTheReservationTtl) {
   ExpectKeysBackWithinTheReservationTtl(SIGSTOP, /*until_mid_transfer=*/false);
+}
+
+// A writer that dies right after its reservation was granted, before any byte: its keys are
+// IN_PROGRESS until the reservation expires, then anyone's.
+TEST_P(DeadWriterTest, AWriterKilledAfterItsReservationLeavesNoZombie) {
+  ExpectKeysBackWithinTheReservationTtl(SIGKILL, /*until_mid_transfer=*/false, Step::kAfterReserve);
+}
+
+// A writer that dies with its bytes on the way (over UCX, where the client computes the checksums of
+// the commit it would send on its last message; over gRPC, half-way through its stream).
+TEST_P(DeadWriterTest, AWriterKilledMidSendLeavesNoZombieAndNoPartialBlock) {
+  ExpectKeysBackWithinTheReservationTtl(SIGKILL, /*until_mid_transfer=*/GetParam().client == "grpc", Step::kMidSend);
+}
+
+// A writer that dies once every byte landed (and was hashed) but before any commit reached the server:
+// nothing of it is ever served, and its keys come back at the reservation's expiry.
+TEST_P(DeadWriterTest, AWriterKilledAfterItsLastSendBeforeTheCommitLeavesNoZombie) {
+  ExpectKeysBackWithinTheReservationTtl(SIGKILL, /*until_mid_transfer=*/false, Step::kAfterLastSend);
 }
 
 INSTANTIATE_TEST_SUITE_P(Transports, DeadWriterTest,

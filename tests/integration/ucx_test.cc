@@ -113,14 +113,15 @@ void PutThenGetEveryByte(Client& c, const Namespace& ns, std::span<const Fingerp
 class UcxInProcessTest : public ::testing::TestWithParam<std::string> {
  protected:
   void StartServer(uint64_t host_bytes = 256ULL << 20, uint64_t slab_bytes = 64ULL << 20,
-                   uint64_t max_block_bytes = 64ULL << 20) {
+                   uint64_t max_block_bytes = 64ULL << 20, bool put_commit = true) {
     auto s = server::Server::Start({.node_id = "node-a",
                                     .metrics_address = "",
                                     .host_cache_bytes = host_bytes,
                                     .slab_bytes = slab_bytes,
                                     .max_block_bytes = max_block_bytes,
                                     .ucx_listen_address = "127.0.0.1:0",
-                                    .ucx_transports = GetParam()});
+                                    .ucx_transports = GetParam(),
+                                    .ucx_put_commit = put_commit});
     ASSERT_OK(s);
     server_ = std::move(s).value();
     ASSERT_GT(server_->ucx_port(), 0);
@@ -169,6 +170,40 @@ TEST_P(UcxInProcessTest, PutThenGetRoundTripsOverUcx) {
   // The put reserved and committed over UCX too: one batch, no gRPC round trip on its path.
   EXPECT_EQ(c->stats().ucx_allocates.load(), 1u);
   EXPECT_EQ(c->stats().ucx_commits.load(), 1u);
+}
+
+// A put of several batches (pipelined, each batch's commit on its last message) stores every block
+// once, with the server's commit on the UCX plane; against a server that does not take the commit on
+// the last message (kCommitsPuts off), the same put commits each batch after its kPutDone.
+TEST_P(UcxInProcessTest, AMultiBatchPutStoresEveryBlockWithOrWithoutTheCommitOnTheLastMessage) {
+  for (const bool put_commit : {true, false}) {
+    SCOPED_TRACE(put_commit ? "kPutCommit" : "kPutDone, then kCommit");
+    StartServer(256ULL << 20, 64ULL << 20, 64ULL << 20, put_commit);
+    auto c = Client::Connect({.members = {Address()},
+                              .rpc_timeout = absl::Seconds(5),
+                              .put_batch_blocks = 4,
+                              .transport = "ucx",
+                              .ucx_transports = GetParam()});
+    ASSERT_OK(c);
+    const Namespace ns = NamespaceOfBlockBytes(128 << 10);
+    const auto fps = Fingerprints(ns, 22);  // 5 batches of 4 and one of 2
+    PutThenGetEveryByte(**c, ns, fps);
+    EXPECT_EQ((*c)->stats().ucx_allocates.load(), 6u);
+    EXPECT_EQ((*c)->stats().ucx_commits.load(), 6u);
+    EXPECT_EQ((*c)->stats().ucx_put_blocks.load(), 22u);
+    EXPECT_EQ((*c)->stats().rpc_errors.load(), 0u);
+    const auto st = Stats(Address());
+    EXPECT_EQ(st.ucx_write_bytes(), 22ULL * (128 << 10));
+    EXPECT_EQ(st.grpc_write_bytes(), 0u);
+    EXPECT_EQ(st.active_reservations(), 0u);
+    // A second put of the same keys finds them all present: nothing was half-committed.
+    Blocks again = MakeBlocks(fps, 128 << 10);
+    auto put = (*c)->Put(ns, fps, 0, again.views);
+    ASSERT_OK(put);
+    for (PutResult r : *put) EXPECT_EQ(r, PutResult::kAlreadyPresent);
+    c->reset();
+    server_.reset();
+  }
 }
 
 // A server that requires tokens serves the UCX endpoint of a client with a token once its hello

@@ -1,6 +1,7 @@
 #include "kvtier/client/client.h"
 
 #include <algorithm>
+#include <atomic>
 #include <future>
 #include <latch>
 #include <mutex>
@@ -74,6 +75,27 @@ class Client::Impl {
     for (auto& f : rest) f.get();
   }
 
+  // One owner's put batches first..last-1, pipelined: kPutPipelineDepth batches in flight at once, so
+  // that the next batch's reservation and sends overlap the previous one's completion (its last bytes
+  // landing, the check and the commit). Batches start in order; once `put_batch(g)` returns true (the
+  // owner failed a whole batch, or refused the request) no further batch starts, and those in flight
+  // finish. `put_batch` must be safe to run for different g at once.
+  static constexpr size_t kPutPipelineDepth = 2;
+  template <typename Fn>
+  static void PipelineBatches(size_t first, size_t last, Fn put_batch) {
+    std::atomic<size_t> next{first};
+    std::atomic<bool> stop{false};
+    auto run = [&] {
+      for (size_t g = 0; !stop.load(std::memory_order_acquire) && (g = next.fetch_add(1)) < last;) {
+        if (put_batch(g)) stop.store(true, std::memory_order_release);
+      }
+    };
+    std::vector<std::thread> helpers;
+    for (size_t i = 1; i < std::min(kPutPipelineDepth, last - first); ++i) helpers.emplace_back(run);
+    run();
+    for (std::thread& t : helpers) t.join();
+  }
+
   // ---- Replication (docs/architecture.md "Replication"): owners per block, read fail-over, replica puts.
 
   // The read plan of `fps` (read_plan.h) with this client's hot blocks and round robin.
@@ -136,7 +158,9 @@ class Client::Impl {
     const uint64_t block_bytes = task.ns.layout.ShardBytes();
     std::vector<PutResult> results(task.blocks.size(), PutResult::kError);
     const size_t batch = std::min(options.max_blocks_per_request, options.put_batch_blocks);
-    for (size_t off = 0; off < task.blocks.size(); off += batch) {
+    CallRefusal refusal;
+    PipelineBatches(0, (task.blocks.size() + batch - 1) / batch, [&](size_t b) {
+      const size_t off = b * batch;
       const size_t end = std::min(task.blocks.size(), off + batch);
       std::vector<BlockKey> keys;
       std::vector<uint32_t> depths;
@@ -146,12 +170,17 @@ class Client::Impl {
         depths.push_back(task.blocks[k].depth);
         data.push_back(*task.blocks[k].bytes);
       }
-      KVTIER_RETURN_IF_ERROR(data_path->PutBatch(*member, pns, keys, depths, data, block_bytes,
-                                                 std::span(results).subspan(off, end - off)));
+      if (absl::Status s = data_path->PutBatch(*member, pns, keys, depths, data, block_bytes,
+                                               std::span(results).subspan(off, end - off));
+          !s.ok()) {
+        refusal.Record(std::move(s));
+        return true;
+      }
       // An owner that failed a batch is down: leave the rest kError (hinted) rather than wait again.
-      if (std::all_of(results.begin() + off, results.begin() + end, [](PutResult r) { return r == PutResult::kError; }))
-        break;
-    }
+      return std::all_of(results.begin() + off, results.begin() + end,
+                         [](PutResult r) { return r == PutResult::kError; });
+    });
+    if (refusal.refused()) return refusal.status();
     return results;
   }
 
@@ -620,8 +649,9 @@ absl::StatusOr<std::vector<PutResult>> Client::Put(const Namespace& ns, std::spa
   const OwnerGroups groups = GroupByOwner(
       all, [&](uint32_t i) { return view->ring.Primary(fps[i]); },
       std::min(im.options.max_blocks_per_request, im.options.put_batch_blocks));
-  // Owners in parallel; one owner's batches in order, each committed before the next is reserved, so a
-  // put larger than an owner's memory streams through it instead of reserving more than it has.
+  // Owners in parallel; one owner's batches in order, at most kPutPipelineDepth of them reserved at
+  // once (the next one's reservation and sends overlap the last one's commit), so a put larger than an
+  // owner's memory streams through it instead of reserving more than it has.
   std::vector<std::pair<size_t, size_t>> runs;  // [first, last) group of each owner
   for (size_t g = 0; g < groups.size(); ++g) {
     if (g == 0 || groups[g].first != groups[g - 1].first) runs.push_back({g, g});
@@ -655,11 +685,10 @@ absl::StatusOr<std::vector<PutResult>> Client::Put(const Namespace& ns, std::spa
     return std::all_of(batch.begin(), batch.end(), [](PutResult p) { return p == PutResult::kError; });
   };
   Impl::ForEachParallel(runs.size(), [&](size_t r) {
-    for (size_t g = runs[r].first; g < runs[r].second; ++g) {
-      // An owner that failed a whole batch (down, or past its deadline) is not waited for again: the
-      // rest of its blocks stay kError, so a dead owner costs one batch's deadlines, not one per batch.
-      if (put_batch(g)) break;
-    }
+    // An owner that failed a whole batch (down, or past its deadline) is not waited for again: the
+    // rest of its blocks stay kError, so a dead owner costs the deadlines of the batches in flight, not
+    // one per batch.
+    Impl::PipelineBatches(runs[r].first, runs[r].second, put_batch);
   });
   if (!refusal.refused()) im.EnqueueReplicas(*view, ns, fps, shard, blocks, first_block_index, results);
 

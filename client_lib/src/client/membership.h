@@ -38,6 +38,7 @@ struct UcxPeer {
   UcxClient* client = nullptr;                    // guarded by mu; the client of `endpoint` while kReady
   bool takes_leases = false;                      // guarded by mu; `endpoint` answers UcxClient::Lease
   bool takes_puts = false;                        // guarded by mu; `endpoint` answers Allocate and Commit
+  bool commits_puts = false;                      // guarded by mu; `endpoint` answers PutAndCommit
   absl::Time retry_after = absl::InfinitePast();  // guarded by mu; no (re)connect before it
   // The UCX session (OpenUcxSession) of `endpoint`, when this client has a token or TLS: renewed at half
   // its lifetime, for the get lanes' endpoints opened later.

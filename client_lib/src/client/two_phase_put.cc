@@ -28,9 +28,11 @@ std::optional<absl::Status> TwoPhasePut(const PutPath& p, const PutBatchRequest&
   // Reserve and commit over the endpoint too when its session takes them (no gRPC round trip), as a
   // get takes its lease (GetOverUcx); gRPC is the fallback.
   bool control_over_ucx = false;
+  bool commit_on_put = false;  // the commit rides on the batch's last message (PutAndCommit)
   if (ucx_endpoint.has_value()) {
     std::lock_guard<std::mutex> lock(member.ucx->mu);
     control_over_ucx = member.ucx->takes_puts && member.ucx->endpoint == *ucx_endpoint;
+    commit_on_put = control_over_ucx && member.ucx->commits_puts;
   }
   control_over_ucx = control_over_ucx && member.channel->GetState(/*try_to_connect=*/false) == GRPC_CHANNEL_READY;
   // Phase 1: reserve.
@@ -105,7 +107,35 @@ std::optional<absl::Status> TwoPhasePut(const PutPath& p, const PutBatchRequest&
   std::vector<uint64_t> checksums;
   bool ok = true;
   absl::Status refused;  // a refusal of WriteBlocks or Commit (IsRefusal)
-  if (ucx_endpoint.has_value()) {
+  v1::CommitRequest creq;
+  creq.set_reservation_id(aresp.reservation_id());
+  // The commit's answer over the endpoint (kCommit, or the one kPutCommit's reply); nullopt: none asked.
+  std::optional<absl::StatusOr<std::string>> ucx_commit;
+  if (ucx_endpoint.has_value() && commit_on_put && control_over_ucx) {
+    std::vector<uint32_t> indices(allocated.begin(), allocated.end());
+    std::vector<std::span<const std::byte>> data;
+    for (uint32_t k : allocated) data.push_back(blocks[k]);
+    // The checksums are computed while the bytes move and go right behind the last send; the server
+    // commits when every block landed and answers once: no kPutDone, no second round trip.
+    UcxClient::PutCommitResult r =
+        p.ucx->client()->PutAndCommit(*ucx_endpoint, CapabilityId::FromWire(aresp.reservation_id()), indices, data,
+                                      absl::Now() + options.rpc_timeout, [&] {
+                                        checksums = ComputeChecksums();
+                                        creq.mutable_checksums()->Add(checksums.begin(), checksums.end());
+                                        return creq.SerializeAsString();
+                                      });
+    uint64_t sent = 0;
+    for (auto item : r.transfer.items) sent += item == UcxClient::ItemStatus::kOk;
+    stats.ucx_put_blocks.fetch_add(sent, std::memory_order_relaxed);
+    if (r.transfer.endpoint_failed) {
+      // No answer in time, or a send failed: the endpoint is dropped and the reservation aborted below
+      // (a commit that did happen meanwhile leaves its blocks stored, though they count as errors).
+      p.ucx->Failed(member, *ucx_endpoint);
+      ok = false;
+    } else {
+      ucx_commit = std::move(r.commit);
+    }
+  } else if (ucx_endpoint.has_value()) {
     std::vector<uint32_t> indices(allocated.begin(), allocated.end());
     std::vector<std::span<const std::byte>> data;
     for (uint32_t k : allocated) data.push_back(blocks[k]);
@@ -144,14 +174,14 @@ std::optional<absl::Status> TwoPhasePut(const PutPath& p, const PutBatchRequest&
     ok = st.ok() && ok;
   }
   // Phase 2: commit with checksums (entries for keys not allocated are ignored by the server).
-  v1::CommitRequest creq;
-  creq.set_reservation_id(aresp.reservation_id());
   if (checksums.empty()) checksums = ComputeChecksums();
-  creq.mutable_checksums()->Add(checksums.begin(), checksums.end());
+  if (creq.checksums_size() == 0) creq.mutable_checksums()->Add(checksums.begin(), checksums.end());
   v1::CommitResponse cresp;
   bool committed = false;
-  if (ok && control_over_ucx && ucx_endpoint.has_value()) {
-    auto answer = p.ucx->client()->Commit(*ucx_endpoint, creq.SerializeAsString(), absl::Now() + options.rpc_timeout);
+  if (ok && control_over_ucx && ucx_endpoint.has_value() && (ucx_commit.has_value() || !commit_on_put)) {
+    auto answer = ucx_commit.has_value() ? *std::move(ucx_commit)
+                                         : p.ucx->client()->Commit(*ucx_endpoint, creq.SerializeAsString(),
+                                                                   absl::Now() + options.rpc_timeout);
     if (!answer.ok() && IsRefusal(answer.status().code())) {
       refused = member.Refused("Commit", answer.status());
       ok = false;

@@ -111,6 +111,7 @@ std::optional<UcxClient::EndpointId> UcxEndpoints::Endpoint(Member& member, absl
     peer.client = ucx_client;
     peer.takes_leases = connection->takes_leases;
     peer.takes_puts = connection->takes_puts;
+    peer.commits_puts = connection->commits_puts;
     peer.ticket = session.has_value() ? session->ticket() : "";
     peer.renew_at =
         session.has_value() ? absl::Now() + absl::Milliseconds(session->ttl_ms()) / 2 : absl::InfiniteFuture();

@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "kvtier/common/checksum.h"
 #include "kvtier/ucx/host_block_source.h"
 #include "kvtier/ucx/ucx_client.h"
 #include "kvtier/ucx/ucx_server.h"
@@ -44,8 +45,9 @@ class MemoryBlockSource final : public HostBlockSource {
     if (!Holds(who) || id != reservation || index != 0) return absl::FailedPreconditionError("unknown reservation");
     return PinnedHostBlock{.data = memory_.data() + kBlockBytes, .size_bytes = kBlockBytes};
   }
-  void FinishReceive(const CapabilityId&, uint32_t, uint64_t bytes, bool ok, std::optional<uint64_t>) override {
+  void FinishReceive(const CapabilityId&, uint32_t, uint64_t bytes, bool ok, std::optional<uint64_t> sum) override {
     if (ok) received_bytes = bytes;
+    received_sum = ok ? sum : std::nullopt;
   }
   bool PutTagFreeFor(const CapabilityId&) const override { return true; }
   void Release(const Principal& who, const CapabilityId& id) override {
@@ -60,9 +62,25 @@ class MemoryBlockSource final : public HostBlockSource {
   absl::StatusOr<v1::AllocateResponse> Allocate(const Principal&, const v1::AllocateRequest&) override {
     return absl::UnimplementedError("no allocate here");
   }
-  absl::StatusOr<v1::CommitResponse> Commit(const Principal&, const v1::CommitRequest&) override {
-    return absl::UnimplementedError("no commit here");
+  // With `commits`: block 0 of `reservation` is committed when its bytes all arrived and their hash is
+  // the request's checksums[0]; what the commit saw is kept.
+  absl::StatusOr<v1::CommitResponse> Commit(const Principal& who, const v1::CommitRequest& request) override {
+    if (!commits) return absl::UnimplementedError("no commit here");
+    if (!Holds(who) || CapabilityId::FromWire(request.reservation_id()) != reservation) {
+      return absl::FailedPreconditionError("unknown reservation");
+    }
+    bytes_at_commit = received_bytes;
+    v1::CommitResponse resp;
+    const bool matches =
+        received_sum.has_value() && request.checksums_size() == 1 && request.checksums(0) == *received_sum;
+    resp.add_results(!received_sum.has_value() ? v1::COMMIT_RESULT_INCOMPLETE
+                     : matches                 ? v1::COMMIT_RESULT_COMMITTED
+                                               : v1::COMMIT_RESULT_CHECKSUM_MISMATCH);
+    return resp;
   }
+  bool commits = false;
+  std::optional<uint64_t> received_sum;     // of the last receive, as the server hashed it
+  std::optional<uint64_t> bytes_at_commit;  // received_bytes when Commit ran
   void CountTransfer(TransferDirection, uint64_t) override {}
   void CountTransferError(TransferDirection) override {}
   void CountAuthRejection() override { ++auth_rejections; }
@@ -89,11 +107,12 @@ struct Rig {
   std::string address() const { return absl::StrCat("127.0.0.1:", server->port()); }
 };
 
-std::unique_ptr<Rig> StartRig() {
+std::unique_ptr<Rig> StartRig(bool offer_put_commit = true) {
   auto rig = std::make_unique<Rig>();
   auto server = UcxServer::Start({.listen_address = "127.0.0.1:0",
                                   .node_id = "node-u",
                                   .transports = "tcp",
+                                  .offer_put_commit = offer_put_commit,
                                   .call_threads = 1,
                                   .tickets_required = true,
                                   .find_ticket = &FindTicket},
@@ -144,6 +163,72 @@ TEST(UcxTransportTest, PutLandsInTheSourcesSlotAndGetSendsFromIt) {
   EXPECT_EQ(CapabilityId::FromWire(resp.lease_id()), rig->source.lease);
   auto commit = rig->client->Commit(conn->endpoint, "", absl::Now() + absl::Seconds(10));
   EXPECT_EQ(commit.status().code(), absl::StatusCode::kUnimplemented) << commit.status();  // the source's own code
+}
+
+// A put's commit rides on its last message (kPutCommit): the server runs it once the block landed and
+// was hashed, and its one reply is the commit's answer; a checksum that is not the bytes' is refused.
+TEST(UcxTransportTest, PutAndCommitCommitsOnceTheBytesLandedAndChecksTheirHash) {
+  auto rig = StartRig();
+  ASSERT_NE(rig, nullptr);
+  rig->source.commits = true;
+  auto conn = rig->client->Connect(rig->address(), absl::Now() + absl::Seconds(10), "a");
+  ASSERT_TRUE(conn.ok()) << conn.status();
+  EXPECT_TRUE(conn->commits_puts);
+  std::vector<std::byte> block(kBlockBytes);
+  for (uint64_t i = 0; i < kBlockBytes; ++i) block[i] = static_cast<std::byte>(i * 11 + 3);
+  const uint32_t index = 0;
+  const std::span<const std::byte> blocks[] = {block};
+  for (const bool right_checksum : {false, true}) {
+    rig->source.bytes_at_commit.reset();
+    UcxClient::PutCommitResult r = rig->client->PutAndCommit(
+        conn->endpoint, rig->source.reservation, {&index, 1}, blocks, absl::Now() + absl::Seconds(10), [&] {
+          v1::CommitRequest req;
+          req.set_reservation_id(rig->source.reservation.ToWire());
+          req.add_checksums(BlockChecksum(block.data(), kBlockBytes) + (right_checksum ? 0 : 1));
+          return req.SerializeAsString();
+        });
+    ASSERT_EQ(r.transfer.items.size(), 1u);
+    EXPECT_EQ(r.transfer.items[0], UcxClient::ItemStatus::kOk);
+    EXPECT_FALSE(r.transfer.endpoint_failed);
+    ASSERT_TRUE(r.commit.ok()) << r.commit.status();
+    v1::CommitResponse resp;
+    ASSERT_TRUE(resp.ParseFromString(*r.commit));
+    ASSERT_EQ(resp.results_size(), 1);
+    EXPECT_EQ(resp.results(0), right_checksum ? v1::COMMIT_RESULT_COMMITTED : v1::COMMIT_RESULT_CHECKSUM_MISMATCH);
+    EXPECT_EQ(rig->source.bytes_at_commit, kBlockBytes) << "the commit ran before the block landed";
+    EXPECT_EQ(std::memcmp(rig->source.received().data(), block.data(), kBlockBytes), 0);
+  }
+}
+
+// A server that does not offer kPutCommit says so in its hello, and answers one anyway with
+// FAILED_PRECONDITION, not by dropping the endpoint; Put then Commit still works there.
+TEST(UcxTransportTest, AServerWithoutPutCommitRefusesItAndKeepsTheEndpoint) {
+  auto rig = StartRig(/*offer_put_commit=*/false);
+  ASSERT_NE(rig, nullptr);
+  rig->source.commits = true;
+  auto conn = rig->client->Connect(rig->address(), absl::Now() + absl::Seconds(10), "a");
+  ASSERT_TRUE(conn.ok()) << conn.status();
+  EXPECT_TRUE(conn->takes_puts);
+  EXPECT_FALSE(conn->commits_puts);
+  std::vector<std::byte> block(kBlockBytes, std::byte{9});
+  const uint32_t index = 0;
+  const std::span<const std::byte> blocks[] = {block};
+  v1::CommitRequest req;
+  req.set_reservation_id(rig->source.reservation.ToWire());
+  req.add_checksums(BlockChecksum(block.data(), kBlockBytes));
+  UcxClient::PutCommitResult r =
+      rig->client->PutAndCommit(conn->endpoint, rig->source.reservation, {&index, 1}, blocks,
+                                absl::Now() + absl::Seconds(10), [&] { return req.SerializeAsString(); });
+  EXPECT_EQ(r.commit.status().code(), absl::StatusCode::kFailedPrecondition) << r.commit.status();
+  EXPECT_FALSE(r.transfer.endpoint_failed);
+  UcxClient::TransferResult put =
+      rig->client->Put(conn->endpoint, rig->source.reservation, {&index, 1}, blocks, absl::Now() + absl::Seconds(10));
+  EXPECT_EQ(put.items[0], UcxClient::ItemStatus::kOk);
+  auto commit = rig->client->Commit(conn->endpoint, req.SerializeAsString(), absl::Now() + absl::Seconds(10));
+  ASSERT_TRUE(commit.ok()) << commit.status();
+  v1::CommitResponse resp;
+  ASSERT_TRUE(resp.ParseFromString(*commit));
+  EXPECT_EQ(resp.results(0), v1::COMMIT_RESULT_COMMITTED);
 }
 
 TEST(UcxTransportTest, AnotherTenantsTicketGetsNothingAndNoTicketIsRefused) {

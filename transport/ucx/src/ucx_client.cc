@@ -100,11 +100,10 @@ struct UcxClient::Impl {
     auto w = UcxWorker::Create(*std::move(context));
     if (!w.ok()) return w.status();
     worker = *std::move(w);
-    const std::pair<uint16_t, ucp_am_recv_callback_t> handlers[] = {{msg::kHelloReply, &Impl::OnHelloReply},
-                                                                    {msg::kPutDone, &Impl::OnPutDone},
-                                                                    {msg::kLeaseReply, &Impl::OnLeaseReply},
-                                                                    {msg::kAllocateReply, &Impl::OnLeaseReply},
-                                                                    {msg::kCommitReply, &Impl::OnLeaseReply}};
+    const std::pair<uint16_t, ucp_am_recv_callback_t> handlers[] = {
+        {msg::kHelloReply, &Impl::OnHelloReply},  {msg::kPutDone, &Impl::OnPutDone},
+        {msg::kLeaseReply, &Impl::OnLeaseReply},  {msg::kAllocateReply, &Impl::OnLeaseReply},
+        {msg::kCommitReply, &Impl::OnLeaseReply}, {msg::kPutCommitReply, &Impl::OnLeaseReply}};
     for (const auto& [id, cb] : handlers) {
       if (absl::Status s = worker->SetAmHandler(id, cb, this); !s.ok()) return s;
     }
@@ -312,6 +311,29 @@ struct UcxClient::Impl {
     delete op;
   }
 
+  // Progress thread: posts the tagged sends of a put's blocks (items j of `t`) on `ep`.
+  void PostPutSends(const std::shared_ptr<Transfer>& t, ucp_ep_h ep, const CapabilityId& reservation_id,
+                    std::span<const uint32_t> idx, std::span<const std::span<const std::byte>> data,
+                    uint64_t put_tag_key) {
+    for (uint32_t j = 0; j < data.size(); ++j) {
+      auto* op = new Op{.impl = this, .transfer = t, .slot = j};
+      ucp_request_param_t p{};
+      p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+      p.cb.send = &Impl::OnSendDone;
+      p.user_data = op;
+      ucs_status_ptr_t r = ucp_tag_send_nbx(ep, data[j].data(), data[j].size(),
+                                            msg::SessionPutTag(reservation_id, idx[j], put_tag_key), &p);
+      if (UCS_PTR_IS_PTR(r)) {
+        t->requests[j] = r;
+        continue;
+      }
+      delete op;
+      std::unique_lock<std::mutex> lock(t->mu);
+      t->items[j] = UCS_PTR_STATUS(r) == UCS_OK ? ItemStatus::kOk : ItemStatus::kError;
+      t->Done(lock);
+    }
+  }
+
   // Stops waiting for a server's reply: its completion is counted now.
   static void Forget(absl::flat_hash_map<uint64_t, std::shared_ptr<Transfer>>& pending, uint64_t key) {
     auto it = pending.find(key);
@@ -447,7 +469,8 @@ absl::StatusOr<UcxClient::Connection> UcxClient::Connect(const std::string& host
   return Connection{.endpoint = id,
                     .node_id = t->node_id,
                     .takes_leases = (t->hello_flags & msg::kTakesLeases) != 0,
-                    .takes_puts = (t->hello_flags & msg::kTakesPuts) != 0};
+                    .takes_puts = (t->hello_flags & msg::kTakesPuts) != 0,
+                    .commits_puts = (t->hello_flags & msg::kCommitsPuts) != 0};
 }
 
 absl::StatusOr<std::string> UcxClient::Lease(EndpointId endpoint, std::string request, absl::Time deadline) {
@@ -631,23 +654,7 @@ UcxClient::TransferResult UcxClient::Put(EndpointId endpoint, const CapabilityId
       t->cv.notify_all();
       return;
     }
-    for (uint32_t j = 0; j < data.size(); ++j) {
-      auto* op = new Impl::Op{.impl = &im, .transfer = t, .slot = j};
-      ucp_request_param_t p{};
-      p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
-      p.cb.send = &Impl::OnSendDone;
-      p.user_data = op;
-      ucs_status_ptr_t r = ucp_tag_send_nbx(ep, data[j].data(), data[j].size(),
-                                            msg::SessionPutTag(reservation_id, idx[j], put_tag_key), &p);
-      if (UCS_PTR_IS_PTR(r)) {
-        t->requests[j] = r;
-        continue;
-      }
-      delete op;
-      std::unique_lock<std::mutex> lock(t->mu);
-      t->items[j] = UCS_PTR_STATUS(r) == UCS_OK ? ItemStatus::kOk : ItemStatus::kError;
-      t->Done(lock);
-    }
+    im.PostPutSends(t, ep, reservation_id, idx, data, put_tag_key);
   });
   if (meanwhile) meanwhile();  // e.g. checksums, while the bytes move
   const bool in_time = im.Await(t, endpoint, deadline, [&im, request_id] { im.Forget(im.pending_put, request_id); });
@@ -660,6 +667,76 @@ UcxClient::TransferResult UcxClient::Put(EndpointId endpoint, const CapabilityId
     } else if (t->put_done && j < t->put_ok.size()) {
       result.items[j] = t->put_ok[j] != 0 ? ItemStatus::kOk : ItemStatus::kUnavailable;
     }
+  }
+  return result;
+}
+
+UcxClient::PutCommitResult UcxClient::PutAndCommit(EndpointId endpoint, const CapabilityId& reservation_id,
+                                                   std::span<const uint32_t> indices,
+                                                   std::span<const std::span<const std::byte>> blocks,
+                                                   absl::Time deadline,
+                                                   const std::function<std::string()>& make_commit) {
+  Impl& im = *impl_;
+  const size_t n = indices.size();
+  PutCommitResult result{.commit = absl::UnavailableError("UCX put: nothing sent")};
+  result.transfer.items.assign(n, ItemStatus::kError);
+  for (uint32_t index : indices) {
+    if (index > msg::kMaxTagIndex) return result;
+  }
+  auto t = std::make_shared<Transfer>();
+  t->remaining = n + 1;  // every send, and the server's kPutCommitReply
+  t->items.assign(n, ItemStatus::kError);
+  t->requests.assign(n, nullptr);
+  const uint64_t request_id = im.next_id.fetch_add(1);
+  msg::PutRequest req{.request_id = request_id,
+                      .reservation_id = reservation_id,
+                      .indices = std::vector<uint32_t>(indices.begin(), indices.end())};
+  std::vector<std::span<const std::byte>> data(blocks.begin(), blocks.end());
+  std::vector<uint32_t> idx(indices.begin(), indices.end());
+  im.Enqueue([&im, t, endpoint, request_id, reservation_id, data = std::move(data), idx = std::move(idx),
+              payload = msg::Encode(req)]() mutable {
+    ucp_ep_h ep = im.UsableEndpoint(endpoint, *t);
+    if (ep == nullptr) return;
+    im.pending_lease[request_id] = t;  // the kPutCommitReply, by the kPut's request id
+    if (UcxWorker::SendEagerAm(ep, msg::kPut, std::move(payload), /*reply=*/true) != UCS_OK) {
+      im.pending_lease.erase(request_id);
+      std::unique_lock<std::mutex> lock(t->mu);
+      t->failed = true;
+      t->remaining = 0;
+      t->cv.notify_all();
+      return;
+    }
+    im.PostPutSends(t, ep, reservation_id, idx, data, im.endpoints[endpoint].put_tag_key);
+  });
+  // The commit (its checksums) while the bytes move, then on the wire right behind the last send.
+  std::string commit = make_commit ? make_commit() : std::string();
+  im.Enqueue([&im, endpoint, request_id,
+              payload = msg::Encode(msg::LeaseMessage{.request_id = request_id, .payload = std::move(commit)},
+                                    /*reply=*/false)]() mutable {
+    if (!im.pending_lease.contains(request_id)) return;  // the kPut failed
+    auto it = im.endpoints.find(endpoint);
+    if (it == im.endpoints.end() || it->second.failed ||
+        UcxWorker::SendEagerAm(it->second.ep, msg::kPutCommit, std::move(payload), /*reply=*/true) != UCS_OK) {
+      Impl::Forget(im.pending_lease, request_id);
+    }
+  });
+  const bool in_time = im.Await(t, endpoint, deadline, [&im, request_id] { im.Forget(im.pending_lease, request_id); });
+  std::lock_guard<std::mutex> lock(t->mu);
+  const bool refused = in_time && t->failed && t->lease_code != 0;  // the server answered
+  result.transfer.endpoint_failed = !in_time || (t->failed && !refused);
+  for (size_t j = 0; j < n; ++j) {
+    result.transfer.items[j] = t->items[j];
+    result.transfer.endpoint_failed |= t->items[j] != ItemStatus::kOk;  // a send failed: the connection is broken
+  }
+  if (!in_time) {
+    result.commit = absl::DeadlineExceededError("UCX put commit: no answer in time");
+  } else if (refused) {
+    result.commit = absl::Status(static_cast<absl::StatusCode>(t->lease_code), t->lease_reply);
+  } else if (t->failed) {
+    result.commit = absl::UnavailableError(
+        t->lease_reply.empty() ? "UCX put commit failed" : absl::StrCat("UCX put commit refused: ", t->lease_reply));
+  } else {
+    result.commit = std::move(t->lease_reply);
   }
   return result;
 }

@@ -88,9 +88,9 @@ absl::Status UcxServer::Impl::Init() {
   }
 
   const std::pair<uint16_t, ucp_am_recv_callback_t> handlers[] = {
-      {msg::kHello, &Impl::OnHello},     {msg::kGet, &Impl::OnGet},     {msg::kPut, &Impl::OnPut},
-      {msg::kRelease, &Impl::OnRelease}, {msg::kLease, &Impl::OnLease}, {msg::kAllocate, &Impl::OnAllocate},
-      {msg::kCommit, &Impl::OnCommit}};
+      {msg::kHello, &Impl::OnHello},         {msg::kGet, &Impl::OnGet},         {msg::kPut, &Impl::OnPut},
+      {msg::kPutCommit, &Impl::OnPutCommit}, {msg::kRelease, &Impl::OnRelease}, {msg::kLease, &Impl::OnLease},
+      {msg::kAllocate, &Impl::OnAllocate},   {msg::kCommit, &Impl::OnCommit}};
   for (const auto& [id, cb] : handlers) {
     if (absl::Status s = worker->SetAmHandler(id, cb, this); !s.ok()) return s;
   }
@@ -263,7 +263,8 @@ ucs_status_t UcxServer::Impl::OnHello(void* arg, const void*, size_t, void* data
                         .nonce = hello->nonce,
                         .node_id = self->options.node_id,
                         .flags = (self->options.offer_leases ? msg::kTakesLeases : 0u) |
-                                 (self->options.offer_puts ? msg::kTakesPuts : 0u)};
+                                 (self->options.offer_puts ? msg::kTakesPuts : 0u) |
+                                 (self->options.offer_puts && self->options.offer_put_commit ? msg::kCommitsPuts : 0u)};
   if (self->TicketsRequired()) {
     std::optional<Principal> who;
     if (hello->version != msg::kProtocolVersion) {
@@ -340,6 +341,47 @@ ucs_status_t UcxServer::Impl::OnCommit(void* arg, const void*, size_t, void* dat
                                        const ucp_am_recv_param_t* param) {
   auto* self = static_cast<Impl*>(arg);
   return self->Call(data, length, param, "kCommit", msg::kCommit, self->options.offer_puts, msg::kCommitReply);
+}
+
+ucs_status_t UcxServer::Impl::OnPutCommit(void* arg, const void*, size_t, void* data, size_t length,
+                                          const ucp_am_recv_param_t* param) {
+  auto* self = static_cast<Impl*>(arg);
+  const EpId ep = Sender(self, data, param);
+  if (ep == 0) return UCS_OK;
+  const EpSession* session = self->Admit(ep, "kPutCommit");
+  if (session == nullptr) return UCS_OK;
+  auto req = msg::DecodeLeaseMessage({static_cast<const std::byte*>(data), length}, /*reply=*/false);
+  if (!req.has_value()) return UCS_OK;
+  if (!self->options.offer_puts || !self->options.offer_put_commit) {
+    self->SendAm(ep, msg::kPutCommitReply,
+                 UcxControlCalls::EncodeReply(
+                     req->request_id, absl::FailedPreconditionError("this server answers no kPutCommit over UCX")));
+    return UCS_OK;
+  }
+  UcxControlCalls::Call call{.endpoint = ep,
+                             .call = msg::kCommit,
+                             .reply_id = msg::kPutCommitReply,
+                             .request_id = req->request_id,
+                             .who = session->who,
+                             .payload = std::move(req->payload)};
+  // The kPut came first (one endpoint's AMs arrive in order): still receiving, the commit waits for
+  // its last receive; otherwise its receives have all finished (or it never started) and it commits now.
+  if (auto it = self->put_batches.find({ep, req->request_id}); it != self->put_batches.end()) {
+    it->second->commit = std::move(call);
+    return UCS_OK;
+  }
+  self->PushCall(std::move(call), "kPutCommit");
+  return UCS_OK;
+}
+
+void UcxServer::Impl::PushCall(UcxControlCalls::Call call, const char* what) {
+  const EpId ep = call.endpoint;
+  const uint16_t reply_id = call.reply_id;
+  const uint64_t request_id = call.request_id;
+  if (calls->Push(std::move(call))) return;
+  SendAm(ep, reply_id,
+         UcxControlCalls::EncodeReply(
+             request_id, absl::ResourceExhaustedError(absl::StrCat("too many ", what, " calls queued; retry"))));
 }
 
 ucs_status_t UcxServer::Impl::Call(void* data, size_t length, const ucp_am_recv_param_t* param, const char* what,

@@ -68,6 +68,9 @@ struct UcxServer::Impl {
     uint64_t tag_base = 0;
     size_t next = 0;               // next entry to post
     uint64_t in_flight_bytes = 0;  // posted, not completed
+    // Put only: the kPutCommit that came while the receives were in flight, run when the last finishes
+    // (instead of the kPutDone).
+    std::optional<UcxControlCalls::Call> commit;
   };
   // One tagged send or receive of one block.
   struct Op {
@@ -127,6 +130,8 @@ struct UcxServer::Impl {
   std::optional<PendingConnectionReaper> reaper;
 
   std::optional<UcxControlCalls> calls;  // started after Init
+  // Put batches whose receives are in flight, by endpoint and kPut request id (a kPutCommit names one).
+  absl::flat_hash_map<std::pair<EpId, uint64_t>, Batch*> put_batches;
   absl::flat_hash_map<EpId, std::string> peer_of;
   absl::Time next_pending_sweep;
 
@@ -180,6 +185,12 @@ struct UcxServer::Impl {
                                  const ucp_am_recv_param_t* param);
   static ucs_status_t OnCommit(void* arg, const void*, size_t, void* data, size_t length,
                                const ucp_am_recv_param_t* param);
+  // A commit riding on its put batch (kPutCommit): queued as a kCommit call once the batch's receives
+  // finished, answered kPutCommitReply.
+  static ucs_status_t OnPutCommit(void* arg, const void*, size_t, void* data, size_t length,
+                                  const ucp_am_recv_param_t* param);
+  // Queues `call` on the call threads, or answers its refusal (queue full) at once.
+  void PushCall(UcxControlCalls::Call call, const char* what);
 
   // A control call of an authenticated endpoint (kLease, kAllocate, kCommit; `offered`: the hello
   // offers it): a call thread answers it as the endpoint's principal (Answer); the reply (`reply_id`)

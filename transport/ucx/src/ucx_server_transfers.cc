@@ -180,6 +180,7 @@ void UcxServer::Impl::StartPut(EpId ep, const msg::PutRequest& req, uint64_t put
     FinishBatch(batch);
     return;
   }
+  put_batches[{ep, batch->request_id}] = batch;  // a second kPut of one request id: the first keeps its commit
   const absl::Time now = absl::Now();
   std::optional<bool> tag_free;  // PutTagFreeFor(id), asked once, when a block cannot be pinned
   for (uint32_t j = 0; j < req.indices.size(); ++j) {
@@ -306,7 +307,15 @@ void UcxServer::Impl::Settle(Op* op, ucs_status_t status, uint64_t length) {
 
 void UcxServer::Impl::FinishBatch(Batch* batch) {
   if (batch->is_put) {
-    SendAm(batch->ep, msg::kPutDone, msg::Encode(msg::PutDone{.request_id = batch->request_id, .ok = batch->ok}));
+    if (auto it = put_batches.find({batch->ep, batch->request_id}); it != put_batches.end() && it->second == batch) {
+      put_batches.erase(it);
+    }
+    if (batch->commit.has_value()) {
+      // Every receive finished (each block hashed as it landed): the commit checks the client's checksums.
+      PushCall(*std::move(batch->commit), "kPutCommit");
+    } else {
+      SendAm(batch->ep, msg::kPutDone, msg::Encode(msg::PutDone{.request_id = batch->request_id, .ok = batch->ok}));
+    }
   } else if ((batch->flags & msg::kGetRelease) != 0) {  // never another tenant's lease (who)
     source->Release(batch->who, batch->id);
   }

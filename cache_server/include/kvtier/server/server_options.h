@@ -99,6 +99,10 @@ struct ServerOptions {
   // (PendingConnectionReaper, docs/architecture.md "Security").
   absl::Duration ucx_pending_connection_timeout = absl::Seconds(10);
   uint64_t ucx_max_pending_connections_per_host = 64;
+  // A put batch over UCX commits on its last message (kPutCommit: one reply once the bytes landed and
+  // their hashes checked) rather than after a kPutDone and a kCommit round trip; config
+  // `ucx.put_commit`. Off: clients commit after kPutDone, as with a server without it. Default: on.
+  bool ucx_put_commit = true;
 
   // KV events (docs/events.md): BlockStored/BlockRemoved/BlockMoved/AllBlocksCleared on a ZeroMQ PUB
   // socket; Replay and Snapshot over gRPC (kvtier.v1.EventService on listen_address). Off by default.

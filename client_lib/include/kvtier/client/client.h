@@ -68,9 +68,9 @@ struct ClientOptions {
   uint64_t max_message_bytes = 80ULL << 20;           // gRPC message limit; must match the servers'
   uint64_t stream_chunk_bytes = 1ULL << 20;           // bytes per streamed write message
   uint32_t max_blocks_per_request = 4096;             // larger batches are split per owner
-  // Blocks per put batch to one owner (DESIGN.md §8's transfer batch size). Batches to one owner run in
-  // order, each committed before the next is reserved, so a put larger than an owner's free memory
-  // streams through it. Default 64.
+  // Blocks per put batch to one owner (DESIGN.md §8's transfer batch size). Batches to one owner start
+  // in order, two at a time (the next one reserved and sent while the last one commits), so a put
+  // larger than an owner's free memory streams through it. Default 64.
   uint32_t put_batch_blocks = 64;
   // Blocks of a namespace whose shard is larger are refused up front (InvalidArgument), before any RPC.
   // Default 64 MiB, the servers' default limits.max_block_bytes.
@@ -273,7 +273,7 @@ struct ClientStats {
   // fail-over after an error, or a hot block's fall-back after a miss.
   std::atomic<uint64_t> replica_read_blocks{0};
   std::atomic<uint64_t> ucx_allocates{0};  // put reservations taken over UCX (kAllocate)
-  std::atomic<uint64_t> ucx_commits{0};    // put commits over UCX (kCommit)
+  std::atomic<uint64_t> ucx_commits{0};    // put commits over UCX (kCommit, or kPutCommit on the last message)
 
   // Calls `visit` once per counter above, in declaration order: CounterInfo.name is the field's name,
   // help its one-line meaning, kind kCounter, no labels (the list is KVTIER_CLIENT_STATS_COUNTERS of
@@ -369,10 +369,12 @@ class Client {
   // With replication the result is the primary owner's; the blocks the primary stored, refused or could
   // not take (kStored, kNoSpace, kError) are copied into the background queue for the other owners
   // (kAlreadyPresent and kInProgress blocks are not: their writer replicated them).
-  // Time: owners in parallel, each owner's batches (put_batch_blocks) in order. Each step of a batch
-  // (Allocate, the transfer, Commit) has its own rpc_timeout, so a batch to a dead or stopped owner
-  // costs one to two rpc_timeouts; an owner that fails a whole batch gets no more batches in this call
-  // (the rest of its blocks are kError at once).
+  // Time: owners in parallel, each owner's batches (put_batch_blocks) in order, two in flight at once:
+  // the next batch's reservation and bytes overlap the last one's commit. Each step of a batch
+  // (Allocate, the transfer, Commit; over UCX to a server that takes it, the transfer and its commit are
+  // one step) has its own rpc_timeout, so a batch to a dead or stopped owner costs one to two
+  // rpc_timeouts; an owner that fails a whole batch gets no more batches in this call (the rest of its
+  // blocks are kError at once, but for the one batch already in flight beside it).
   // Errors: InvalidArgument (sizes or counts disagree, shard >= tp_size, a block above
   // max_block_bytes), or a member's refusal of the request with its code (InvalidArgument, e.g. a
   // block above its limits.max_block_bytes; PermissionDenied; Unauthenticated; see the class comment).

@@ -52,6 +52,7 @@ class UcxClient {
     std::string node_id;
     bool takes_leases = false;  // the server answers Lease on this endpoint
     bool takes_puts = false;    // the server answers Allocate and Commit on this endpoint
+    bool commits_puts = false;  // the server takes PutAndCommit's commit on this endpoint
   };
   absl::StatusOr<Connection> Connect(const std::string& host_port, absl::Time deadline, const std::string& ticket = "");
   // Replaces the ticket that new get-lane endpoints to the server of `endpoint` present (a renewed
@@ -95,6 +96,22 @@ class UcxClient {
   TransferResult Put(EndpointId endpoint, const CapabilityId& reservation_id, std::span<const uint32_t> indices,
                      std::span<const std::span<const std::byte>> blocks, absl::Time deadline,
                      const std::function<void()>& meanwhile = {});
+
+  // Put and its commit in one exchange (a server that set kCommitsPuts): sends the blocks as Put does,
+  // runs `make_commit` on the calling thread while they move (it returns a serialized
+  // kvtier.v1.CommitRequest of the reservation, e.g. with the checksums it computed), sends that right
+  // after the last send as a kPutCommit, and waits for the server's answer, which comes once every
+  // block landed and was checked (no kPutDone, no second round trip), or `deadline`. transfer.items: kOk
+  // for a block whose send completed (the commit's results say what was stored). commit: the server's
+  // serialized CommitResponse. Errors of commit: as Commit's; FailedPrecondition from a server that
+  // takes no kPutCommit. transfer.endpoint_failed is false on a refusal (the server answered).
+  struct PutCommitResult {
+    TransferResult transfer;
+    absl::StatusOr<std::string> commit;
+  };
+  PutCommitResult PutAndCommit(EndpointId endpoint, const CapabilityId& reservation_id,
+                               std::span<const uint32_t> indices, std::span<const std::span<const std::byte>> blocks,
+                               absl::Time deadline, const std::function<std::string()>& make_commit);
 
   // Takes a lease over UCX instead of gRPC: sends `request` (a serialized kvtier.v1.ReadRequest) as a
   // kLease and returns the server's answer (a serialized kvtier.v1.ReadResponse) by `deadline`. Only

@@ -16,6 +16,7 @@
 //                                  [put_tag_key u64, error_len u32, error bytes]}
 //                 flags & kTakesLeases: the server answers kLease on this endpoint.
 //                 flags & kTakesPuts: the server answers kAllocate and kCommit on this endpoint.
+//                 flags & kCommitsPuts: the server takes kPutCommit on this endpoint.
 //                 flags & kRefused: the server requires a ticket (tokens or TLS on) and the hello had
 //                 none, or an unknown or expired one; error says which. The server closes the endpoint
 //                 shortly after, and until then drops every other AM of it.
@@ -61,11 +62,24 @@
 //                 sent after the batch's kPutDone; answered kCommitReply (framed as kLeaseReply;
 //                 payload a kvtier.v1.CommitResponse). With kAllocate it takes a put's two gRPC round
 //                 trips off its path. A reservation taken over either plane commits over either.
+//   kPutCommit  client -> server  {request_id u64, request bytes}: request_id is that of a kPut this
+//                 endpoint sent before it (AMs of one endpoint arrive in order), the bytes a serialized
+//                 kvtier.v1.CommitRequest. The server runs that Commit, as the endpoint's tenant and role,
+//                 once every receive of that kPut finished (at once when they already have, or when no
+//                 such kPut is in flight), and answers kPutCommitReply (framed as kLeaseReply, request_id
+//                 the kPut's, payload a kvtier.v1.CommitResponse) instead of that kPut's kPutDone (a
+//                 kPutDone already sent stays sent; the client ignores it). The commit is the same call
+//                 as kCommit's: a block whose bytes did not all arrive, or whose hash is not the
+//                 request's checksum, is not committed. So a put batch costs the kAllocate round trip,
+//                 then the sends and one reply, and the client computes its checksums while its bytes
+//                 move and sends them right after its last send.
 //
 // Versions: 2 added the hello's ticket and the reply's kRefused, put_tag_key and error; a client and a
 // server of different versions do not complete a hello (the client then moves its bytes over gRPC).
 // kAllocate and kCommit came within version 2, behind the kTakesPuts flag: a server without them does
-// not set it, and its clients reserve and commit over gRPC.
+// not set it, and its clients reserve and commit over gRPC. kPutCommit came within version 2 as well,
+// behind kCommitsPuts: a client sends it only to a server that set the flag, else it waits for kPutDone
+// and commits with kCommit (or over gRPC); a server that sets the flag answers old clients as before.
 #ifndef KVTIER_UCX_UCX_MESSAGES_H_
 #define KVTIER_UCX_UCX_MESSAGES_H_
 
@@ -103,12 +117,15 @@ enum AmId : uint16_t {
   kAllocate = 9,
   kAllocateReply = 10,
   kCommit = 11,
-  kCommitReply = 12
+  kCommitReply = 12,
+  kPutCommit = 13,
+  kPutCommitReply = 14
 };
 
 inline constexpr uint32_t kTakesLeases = 1;  // kHelloReply flag
 inline constexpr uint32_t kRefused = 2;      // kHelloReply flag: no valid ticket; the endpoint is closed
 inline constexpr uint32_t kTakesPuts = 4;    // kHelloReply flag: the server answers kAllocate and kCommit
+inline constexpr uint32_t kCommitsPuts = 8;  // kHelloReply flag: the server takes kPutCommit
 inline constexpr uint32_t kMaxTicketBytes = 256;
 
 inline constexpr uint32_t kGetRelease = 1;  // kGet flag: release the lease after the last send

@@ -33,6 +33,10 @@ struct UcxServerOptions {
   // FAILED_PRECONDITION. Default: both on.
   bool offer_leases = true;
   bool offer_puts = true;
+  // With offer_puts: the hello reply offers kCommitsPuts too (a kPutCommit commits its put batch once
+  // the bytes landed, answered by one reply instead of kPutDone and a kCommit round trip). Off: a
+  // kPutCommit is answered FAILED_PRECONDITION and clients commit after kPutDone. Default: on.
+  bool offer_put_commit = true;
   // Threads that run the control calls (the store's lock, and the disk behind it, stay off the
   // progress thread). Default: 4.
   int call_threads = 4;
