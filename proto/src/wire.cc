@@ -158,6 +158,9 @@ void ToProto(const BlockMeta& meta, v1::EngineBlockMeta* out) {
   if (!meta.parent_hash.empty()) HashToProto(meta.parent_hash, out->mutable_parent_hash());
   out->mutable_token_ids()->Add(meta.token_ids.begin(), meta.token_ids.end());
   if (meta.lora_id.has_value()) out->set_lora_id(*meta.lora_id);
+  if (meta.parent_fingerprint.has_value()) {
+    out->set_parent_fingerprint(meta.parent_fingerprint->bytes.data(), meta.parent_fingerprint->bytes.size());
+  }
 }
 
 absl::StatusOr<BlockMeta> FromProto(const v1::EngineBlockMeta& meta, const std::string& field) {
@@ -170,6 +173,15 @@ absl::StatusOr<BlockMeta> FromProto(const v1::EngineBlockMeta& meta, const std::
   if (meta.has_parent_hash()) out.parent_hash = HashFromProto(meta.parent_hash());
   out.token_ids.assign(meta.token_ids().begin(), meta.token_ids().end());
   if (meta.has_lora_id()) out.lora_id = meta.lora_id();
+  if (!meta.parent_fingerprint().empty()) {
+    if (meta.parent_fingerprint().size() != 32) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ".parent_fingerprint: ", meta.parent_fingerprint().size(), " bytes, want 32"));
+    }
+    Fingerprint fp;
+    std::memcpy(fp.bytes.data(), meta.parent_fingerprint().data(), 32);
+    out.parent_fingerprint = fp;
+  }
   if (absl::Status s = ValidateBlockMeta(out, field); !s.ok()) return s;
   return out;
 }

@@ -171,8 +171,53 @@ class VllmEventsTest : public ::testing::Test {
         bench::BlockPayload(next_id_++, d);
         views.emplace_back(d);
       }
+      for (size_t j = 0; j < fps->size(); ++j) {
+        parent_of_[IntHash((*fps)[j])] = j == 0 ? 0 : IntHash((*fps)[j - 1]);
+        parent_fp_of_[(*fps)[j]] = j == 0 ? std::nullopt : std::optional<Fingerprint>((*fps)[j - 1]);
+      }
       ASSERT_OK(client_->Put(ns_, *fps, 0, views));
     }
+  }
+
+  // The kvtier-format events of the current instance from seq 1, through gRPC Replay.
+  std::vector<v1::KvEvent> KvtierEvents() {
+    auto stub = v1::EventService::NewStub(grpc::CreateChannel(proc_->address(), grpc::InsecureChannelCredentials()));
+    grpc::ClientContext info_ctx;
+    v1::GetEventsInfoResponse info;
+    EXPECT_TRUE(stub->GetEventsInfo(&info_ctx, v1::GetEventsInfoRequest(), &info).ok());
+    v1::ReplayRequest req;
+    req.set_instance_id(info.instance_id());
+    req.set_from_seq(1);
+    grpc::ClientContext ctx;
+    auto reader = stub->Replay(&ctx, req);
+    std::vector<v1::KvEvent> out;
+    v1::KvEventBatch batch;
+    while (reader->Read(&batch)) out.insert(out.end(), batch.events().begin(), batch.events().end());
+    const grpc::Status s = reader->Finish();
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    return out;
+  }
+
+  // Checks every kvtier-format BlockStored of `events` against parent_fp_of_: the block's
+  // parent_fingerprint is the previous block of its prompt (empty for the first), and the engine
+  // metadata never repeats it. Returns the number checked.
+  size_t CheckParentFingerprints(const std::vector<v1::KvEvent>& events) {
+    size_t checked = 0;
+    for (const v1::KvEvent& e : events) {
+      if (!e.has_stored()) continue;
+      const v1::EventBlock& b = e.stored().block();
+      Fingerprint fp;
+      std::copy(b.fingerprint().begin(), b.fingerprint().end(), reinterpret_cast<char*>(fp.bytes.data()));
+      auto it = parent_fp_of_.find(fp);
+      EXPECT_NE(it, parent_fp_of_.end()) << "a block never put: " << fp.Hex();
+      if (it == parent_fp_of_.end()) continue;
+      const std::string want =
+          it->second.has_value() ? std::string(reinterpret_cast<const char*>(it->second->bytes.data()), 32) : "";
+      EXPECT_EQ(b.parent_fingerprint(), want) << fp.Hex();
+      EXPECT_TRUE(b.engine().parent_fingerprint().empty()) << fp.Hex();
+      ++checked;
+    }
+    return checked;
   }
 
   // The server's blocks as vLLM int block hashes (Admin ListBlocks).
@@ -258,7 +303,16 @@ class VllmEventsTest : public ::testing::Test {
       ++tags[tag];
       if (tag == "BlockStored") {
         ASSERT_EQ(e.items.size(), 8u);
-        EXPECT_TRUE(e.items[2].is_nil());       // parent_block_hash
+        ASSERT_EQ(e.items[1].items.size(), 1u);  // one block per event
+        // parent_block_hash: the previous block of its prompt, named as the block is (its fingerprint);
+        // nil for a prompt's first block.
+        auto parent = parent_of_.find(e.items[1].items[0].u);
+        EXPECT_NE(parent, parent_of_.end()) << "a block never put";
+        if (parent != parent_of_.end() && parent->second == 0) {
+          EXPECT_TRUE(e.items[2].is_nil());
+        } else if (parent != parent_of_.end()) {
+          EXPECT_EQ(e.items[2].u, parent->second);
+        }
         EXPECT_TRUE(e.items[3].items.empty());  // token_ids
         EXPECT_EQ(e.items[4].u, 16u);           // block_size
         EXPECT_TRUE(e.items[5].is_nil());       // lora_id
@@ -290,6 +344,8 @@ class VllmEventsTest : public ::testing::Test {
   std::vector<void*> sockets_;
   std::mt19937_64 rng_{7};
   uint64_t next_id_ = 1;
+  std::map<uint64_t, uint64_t> parent_of_;  // int block hash -> its parent's put by Put (0: none)
+  std::map<Fingerprint, std::optional<Fingerprint>> parent_fp_of_;  // the same by fingerprint
 };
 
 TEST_F(VllmEventsTest, StreamAndReplayRebuildTheServersBlocks) {
@@ -369,12 +425,14 @@ TEST_F(VllmEventsTest, StreamAndReplayRebuildTheServersBlocks) {
     Apply(f[2], blocks, t);
     cleared = t["AllBlocksCleared"] > 0;
   }
-  // The kvtier-format stream runs alongside (format: both).
+  // The kvtier-format stream runs alongside (format: both); each stored block names its parent's
+  // fingerprint.
   auto events = v1::EventService::NewStub(grpc::CreateChannel(proc_->address(), grpc::InsecureChannelCredentials()));
   grpc::ClientContext info_ctx;
   v1::GetEventsInfoResponse info;
   ASSERT_TRUE(events->GetEventsInfo(&info_ctx, v1::GetEventsInfoRequest(), &info).ok());
   EXPECT_GT(info.last_seq(), 384u);
+  EXPECT_GE(CheckParentFingerprints(KvtierEvents()), 384u);
 }
 
 TEST_F(VllmEventsTest, MalformedReplayRequestsAreSurvived) {
@@ -478,6 +536,7 @@ TEST_F(VllmDiskEventsTest, TierMovesAreRemovedThenStoredOnTheNewMedium) {
   size_t on_disk = 0;
   for (const auto& [h, m] : listed) on_disk += m == "DISK" ? 1 : 0;
   ASSERT_GT(on_disk, 0u) << "the workload should demote blocks to disk";
+  EXPECT_GE(CheckParentFingerprints(KvtierEvents()), 384u);  // the kvtier format names the parents
 
   std::map<uint64_t, std::string> media;  // what the vLLM events say: block -> medium
   int moves = 0;
@@ -562,6 +621,7 @@ class VllmEngineMetaEventsTest : public VllmEventsTest {
                                  tokens.begin() + static_cast<std::ptrdiff_t>((j + 1) * ro_.block_tokens));
         if (p % 2 == 0) meta[j].lora_id = 3;
         expected_[h] = {.parent = j == 0 ? 0 : h - 1, .tokens = meta[j].token_ids, .lora = meta[j].lora_id};
+        parent_fp_of_[(*fps)[j]] = j == 0 ? std::nullopt : std::optional<Fingerprint>((*fps)[j - 1]);
       }
       ASSERT_OK(client_->Put(ns_, *fps, 0, views, client::PutOptions{.block_meta = meta}));
     }
@@ -628,6 +688,7 @@ TEST_F(VllmEngineMetaEventsTest, EngineHashesTokensAndLoraSurviveARestartOnDisk)
   size_t on_disk = 0;
   for (const auto& [h, m] : before) on_disk += m == "DISK" ? 1 : 0;
   ASSERT_GT(on_disk, 0u) << "the workload should demote blocks to disk";
+  EXPECT_GE(CheckParentFingerprints(KvtierEvents()), 384u);  // the kvtier format names the parents
 
   // A clean stop flushes the disk tier; the restarted server recovers its disk blocks with their
   // metadata and restates them on its new stream.
@@ -652,6 +713,8 @@ TEST_F(VllmEngineMetaEventsTest, EngineHashesTokensAndLoraSurviveARestartOnDisk)
     EXPECT_EQ(m, "DISK") << h;
     EXPECT_EQ(before.count(h), 1u) << h;
   }
+  // The parent fingerprints came back from the disk records too.
+  EXPECT_EQ(CheckParentFingerprints(KvtierEvents()), on_disk);
 }
 
 TEST_F(VllmEngineMetaEventsTest, TooManyTokenIdsIsInvalidArgument) {

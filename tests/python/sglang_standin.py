@@ -173,17 +173,22 @@ class StandInController:
     def _page_set_zero_copy(self, hash_values, host_indices, extra_info=None):
         return all(self.storage_backend.batch_set_v1(hash_values, host_indices, extra_info))
 
-    def backup(self, host_indices, token_ids):
+    def backup(self, host_indices, token_ids, prefix_keys=None):
+        """write_storage + _page_backup: `prefix_keys` are the page hashes of the tree path before
+        token_ids (HiRadixCache passes them), which the page hashes continue from."""
         if self.backup_skip:
             return 0
-        hash_value = self.page_hashes(token_ids)
+        prefix_keys = list(prefix_keys) if prefix_keys else None
+        hash_value = self.page_hashes(token_ids, prefix_keys[-1] if prefix_keys else None)
         completed_tokens = 0
         for i in range(0, len(hash_value), STORAGE_BATCH_SIZE):
             batch_hashes = hash_value[i:i + STORAGE_BATCH_SIZE]
             batch_host_indices = host_indices[i * self.page_size:(i + len(batch_hashes)) * self.page_size]
-            extra_info = HiCacheStorageExtraInfo(prefix_keys=None)
+            extra_info = HiCacheStorageExtraInfo(prefix_keys=prefix_keys)
             if not self.page_set_func(batch_hashes, batch_host_indices, extra_info):
                 break
+            if prefix_keys:
+                prefix_keys += batch_hashes
             completed_tokens += self.page_size * len(batch_hashes)
         return completed_tokens
 

@@ -419,6 +419,7 @@ class Client:
         token_ids: Optional[Sequence[Optional[Sequence[int]]]] = None,  # each block's tokens, <= 1024
         lora_id: Optional[int] = None,
         parent_hash: Optional[Union[int, bytes]] = None,  # engine hash of the block before fingerprints[0]
+        parent_fingerprint: Optional[Union[bytes, str]] = None,  # kvtier fingerprint of that block
     ) -> List[PutResult]:
         """Store shard `shard` of n blocks; first_block_index = index of fingerprints[0] in its chain.
         The engine metadata is kept with the blocks and published in KV events (docs/events.md)."""
@@ -438,6 +439,12 @@ class Client:
         sizes: Union[Sequence[int], int],
         shard: int = 0,
         first_block_index: int = 0,
+        *,
+        block_hashes: Optional[Sequence[Union[int, bytes]]] = None,  # as put()
+        token_ids: Optional[Sequence[Optional[Sequence[int]]]] = None,
+        lora_id: Optional[int] = None,
+        parent_hash: Optional[Union[int, bytes]] = None,
+        parent_fingerprint: Optional[Union[bytes, str]] = None,
     ) -> List[PutResult]: ...
     def stats(self) -> Dict[str, int]: ...  # every ClientStats counter
     def stats_info(self) -> List[Dict[str, Any]]: ...  # [{name, value, help, kind}] of every counter

@@ -559,17 +559,34 @@ std::vector<BlockMeta> ToBlockMeta(size_t n, py::handle block_hashes, py::handle
   return meta;
 }
 
+// put()'s and put_ptrs()'s keyword arguments: the engine's block metadata (ToBlockMeta), the parent
+// block's engine hash and fingerprint. The metadata lives in `meta`, which must outlive the options.
+struct PyPutMeta {
+  py::handle block_hashes, token_ids, lora_id, parent_hash, parent_fingerprint;
+};
+
+PutOptions ToPutOptions(size_t n, uint32_t first_block_index, const PyPutMeta& kw, std::vector<BlockMeta>* meta) {
+  *meta = ToBlockMeta(n, kw.block_hashes, kw.token_ids, kw.lora_id);
+  PutOptions options{.first_block_index = first_block_index,
+                     .block_meta = *meta,
+                     .parent_hash = ToEngineHash(kw.parent_hash, "parent_hash")};
+  if (!kw.parent_fingerprint.is_none()) {
+    options.parent_fingerprint = OneFingerprint(kw.parent_fingerprint, "parent_fingerprint");
+  }
+  return options;
+}
+
 std::vector<PutResult> PutBlocks(const PyClient& self, const Namespace& ns, py::handle fingerprints, py::handle buffers,
                                  uint32_t shard, uint32_t first_block_index, py::handle block_hashes,
-                                 py::handle token_ids, py::handle lora_id, py::handle parent_hash) {
+                                 py::handle token_ids, py::handle lora_id, py::handle parent_hash,
+                                 py::handle parent_fingerprint) {
   std::shared_ptr<Client> c = self.Get();
   const std::vector<Fingerprint> fps = ToFingerprints(fingerprints);
   BlockBuffers bufs = AcquireBlocks(buffers, fps.size(), ns.layout.ShardBytes(), /*writable=*/false);
   std::vector<std::span<const std::byte>> views(bufs.blocks.begin(), bufs.blocks.end());
-  const std::vector<BlockMeta> meta = ToBlockMeta(fps.size(), block_hashes, token_ids, lora_id);
-  const PutOptions options{.first_block_index = first_block_index,
-                           .block_meta = meta,
-                           .parent_hash = ToEngineHash(parent_hash, "parent_hash")};
+  std::vector<BlockMeta> meta;
+  const PutOptions options = ToPutOptions(fps.size(), first_block_index,
+                                          {block_hashes, token_ids, lora_id, parent_hash, parent_fingerprint}, &meta);
   absl::StatusOr<std::vector<PutResult>> r;
   {
     py::gil_scoped_release release;
@@ -665,11 +682,16 @@ std::vector<GetResult> GetPtrs(const PyClient& self, const Namespace& ns, py::ha
 }
 
 std::vector<PutResult> PutPtrs(const PyClient& self, const Namespace& ns, py::handle fingerprints,
-                               const py::sequence& ptrs, py::handle sizes, uint32_t shard, uint32_t first_block_index) {
+                               const py::sequence& ptrs, py::handle sizes, uint32_t shard, uint32_t first_block_index,
+                               py::handle block_hashes, py::handle token_ids, py::handle lora_id,
+                               py::handle parent_hash, py::handle parent_fingerprint) {
   std::shared_ptr<Client> c = self.Get();
   const std::vector<Fingerprint> fps = ToFingerprints(fingerprints);
   const uint64_t block_bytes = ns.layout.ShardBytes();
   const Segments seg = ToSegments(ptrs, sizes, fps.size(), block_bytes);
+  std::vector<BlockMeta> meta;
+  const PutOptions options = ToPutOptions(fps.size(), first_block_index,
+                                          {block_hashes, token_ids, lora_id, parent_hash, parent_fingerprint}, &meta);
   absl::StatusOr<std::vector<PutResult>> r;
   {
     py::gil_scoped_release release;
@@ -688,7 +710,7 @@ std::vector<PutResult> PutPtrs(const PyClient& self, const Namespace& ns, py::ha
       }
       views.emplace_back(staging.data() + b * block_bytes, block_bytes);
     }
-    r = c->Put(ns, fps, shard, views, first_block_index);
+    r = c->Put(ns, fps, shard, views, options);
   }
   return ValueOrThrow(std::move(r));
 }
@@ -970,6 +992,7 @@ code_name PERMISSION_DENIED / UNAUTHENTICATED.)doc")
       .def("put", &PutBlocks, py::arg("ns"), py::arg("fingerprints"), py::arg("buffers"), py::arg("shard") = 0,
            py::arg("first_block_index") = 0, py::kw_only(), py::arg("block_hashes") = py::none(),
            py::arg("token_ids") = py::none(), py::arg("lora_id") = py::none(), py::arg("parent_hash") = py::none(),
+           py::arg("parent_fingerprint") = py::none(),
            R"doc(
 Stores TP shard `shard` of each block from caller memory (buffers as for get(), read-only allowed);
 returns one PutResult per block. first_block_index: index of fingerprints[0] in its prompt's chain (the
@@ -978,7 +1001,9 @@ The engine's block metadata, published in KV events for routers (docs/events.md,
 metadata"), all optional: block_hashes (the engine's hash of each block: an int in [-2**63, 2**64) or
 bytes of 1..64), token_ids (each block's token ids, at most 1024 per block), lora_id (an int for every
 block) and parent_hash (the engine hash of the block before fingerprints[0]); each block's parent is
-the previous block. Wrong counts raise ValueError; past the limits, InvalidArgumentError. A dead or slow member never
+the previous block. parent_fingerprint: the kvtier fingerprint of the block before fingerprints[0]
+(32 bytes or 64 hex characters), published as the first block's parent; the others' parents are the
+previous fingerprints, always sent. Wrong counts raise ValueError; past the limits, InvalidArgumentError. A dead or slow member never
 raises (its blocks are ERROR); a member's refusal raises as for get(), and blocks other members stored in
 the same call stay stored.)doc")
       .def("get_ptrs", &GetPtrs, py::arg("ns"), py::arg("fingerprints"), py::arg("ptrs"), py::arg("sizes"),
@@ -989,7 +1014,10 @@ sizes[i*k:(i+1)*k] (or one int for all), k = len(ptrs) // len(fingerprints); eac
 must sum to ns.block_bytes. One segment per block is written in place; several are filled from a
 staging copy. The addresses must stay valid and unaliased for the call: nothing can check them.)doc")
       .def("put_ptrs", &PutPtrs, py::arg("ns"), py::arg("fingerprints"), py::arg("ptrs"), py::arg("sizes"),
-           py::arg("shard") = 0, py::arg("first_block_index") = 0, "put() from raw host addresses (see get_ptrs).")
+           py::arg("shard") = 0, py::arg("first_block_index") = 0, py::kw_only(), py::arg("block_hashes") = py::none(),
+           py::arg("token_ids") = py::none(), py::arg("lora_id") = py::none(), py::arg("parent_hash") = py::none(),
+           py::arg("parent_fingerprint") = py::none(),
+           "put() from raw host addresses (see get_ptrs), with put()'s engine block metadata keywords.")
       .def("stats", &Stats, R"doc(
 Every counter of this client's ClientStats (kvtier/client/client.h documents each), as a dict of ints:
 hit accounting (lookups, lookup_blocks, prefix_hit_blocks, prefix_hit_tokens, get_blocks,

@@ -178,7 +178,14 @@ void EventPublisher::FillBlock(const EventBlockInfo& b, v1::EventBlock* out) con
   out->set_tier(TierName(b.tier));
   out->set_depth(b.depth);
   out->set_size_bytes(b.size_bytes);
-  if (b.block_meta != nullptr) wire::ToProto(*b.block_meta, out->mutable_engine());
+  if (b.block_meta == nullptr) return;
+  if (const auto& parent = b.block_meta->parent_fingerprint; parent.has_value()) {
+    out->set_parent_fingerprint(parent->bytes.data(), parent->bytes.size());
+  }
+  if (!b.block_meta->engine_empty()) {
+    wire::ToProto(*b.block_meta, out->mutable_engine());
+    out->mutable_engine()->clear_parent_fingerprint();  // in parent_fingerprint above, not twice
+  }
 }
 
 v1::KvEventBatch EventPublisher::Encode(const std::vector<Event>& events, uint64_t last_seq) const {

@@ -152,16 +152,35 @@ const BlockMeta* MetaAt(const VllmEvent& e, size_t i) {
   return i < e.block_meta.size() ? e.block_meta[i].get() : nullptr;
 }
 
+// A kvtier fingerprint as a vLLM block hash, in the configured form.
+void FingerprintHash(MsgpackWriter& w, const Fingerprint& fp, VllmBlockHashForm form) {
+  if (form == VllmBlockHashForm::kInt) {
+    w.Uint(VllmIntBlockHash(fp));
+  } else {
+    w.Bin(std::string_view(reinterpret_cast<const char*>(fp.bytes.data()), fp.bytes.size()));
+  }
+}
+
 void BlockHashes(MsgpackWriter& w, const VllmEvent& e, VllmBlockHashForm form) {
   w.ArrayHeader(static_cast<uint32_t>(e.block_hashes.size()));
   for (size_t i = 0; i < e.block_hashes.size(); ++i) {
     if (const BlockMeta* m = MetaAt(e, i); m != nullptr && EngineHash(w, m->hash)) continue;
-    const Fingerprint& fp = e.block_hashes[i];
-    if (form == VllmBlockHashForm::kInt) {
-      w.Uint(VllmIntBlockHash(fp));
-    } else {
-      w.Bin(std::string_view(reinterpret_cast<const char*>(fp.bytes.data()), fp.bytes.size()));
-    }
+    FingerprintHash(w, e.block_hashes[i], form);
+  }
+}
+
+// The first block's parent in the terms its own hash is in: the parent's engine hash when the block is
+// named by an engine hash, the parent's fingerprint when it is named by its fingerprint; nil when that
+// is not known (the chain's first block, or a writer that did not say).
+void ParentBlockHash(MsgpackWriter& w, const BlockMeta* first, VllmBlockHashForm form) {
+  if (first == nullptr) {
+    w.Nil();
+  } else if (!first->hash.empty()) {
+    if (!EngineHash(w, first->parent_hash)) w.Nil();
+  } else if (first->parent_fingerprint.has_value()) {
+    FingerprintHash(w, *first->parent_fingerprint, form);
+  } else {
+    w.Nil();
   }
 }
 
@@ -207,7 +226,7 @@ std::string EncodeVllmBatch(double ts, const std::vector<VllmEvent>& events, std
         key("block_hashes");
         BlockHashes(w, e, hash_form);
         key("parent_block_hash");
-        if (first == nullptr || !EngineHash(w, first->parent_hash)) w.Nil();  // unknown: the chain's start
+        ParentBlockHash(w, first, hash_form);
         key("token_ids");
         size_t tokens = 0;
         for (size_t i = 0; i < e.block_hashes.size(); ++i) {

@@ -1,4 +1,4 @@
-// The disk tier's record formats: keys and block metadata (DiskBlockMeta), versions 1 and 2.
+// The disk tier's record formats: keys and block metadata (DiskBlockMeta), versions 1 to 3.
 #include "storage/disk_tier.h"
 
 #include <cstring>
@@ -11,6 +11,7 @@ namespace {
 
 constexpr uint8_t kMetaVersion = 1;        // the fixed fields only
 constexpr uint8_t kMetaVersionEngine = 2;  // then the engine's BlockMeta
+constexpr uint8_t kMetaVersionParent = 3;  // then the engine's BlockMeta and the parent fingerprint
 constexpr size_t kMetaBytes = 1 + 8 * 4 + 4 * 2;
 
 }  // namespace
@@ -105,9 +106,10 @@ bool GetEngineHash(const char** p, const char* end, EngineBlockHash* h) {
 
 std::string EncodeDiskBlockMeta(const DiskBlockMeta& m) {
   const bool engine = m.block_meta != nullptr && !m.block_meta->empty();
+  const bool parent = engine && m.block_meta->parent_fingerprint.has_value();
   std::string s;
-  s.reserve(kMetaBytes + (engine ? 32 + 4 * m.block_meta->token_ids.size() : 0));
-  s.push_back(static_cast<char>(engine ? kMetaVersionEngine : kMetaVersion));
+  s.reserve(kMetaBytes + (engine ? 64 + 4 * m.block_meta->token_ids.size() : 0));
+  s.push_back(static_cast<char>(parent ? kMetaVersionParent : engine ? kMetaVersionEngine : kMetaVersion));
   PutU64(s, m.namespace_id);
   PutU64(s, m.tenant_id);
   PutU64(s, m.size_bytes);
@@ -122,13 +124,17 @@ std::string EncodeDiskBlockMeta(const DiskBlockMeta& m) {
   if (b.lora_id.has_value()) PutU64(s, static_cast<uint64_t>(*b.lora_id));
   PutU32(s, static_cast<uint32_t>(b.token_ids.size()));
   for (uint32_t t : b.token_ids) PutU32(s, t);
+  if (parent) s.append(reinterpret_cast<const char*>(b.parent_fingerprint->bytes.data()), 32);
   return s;
 }
 
 bool DecodeDiskBlockMeta(std::string_view s, DiskBlockMeta* m) {
   if (s.size() < kMetaBytes) return false;
   const auto version = static_cast<uint8_t>(s[0]);
-  if (version == kMetaVersion ? s.size() != kMetaBytes : version != kMetaVersionEngine) return false;
+  if (version == kMetaVersion ? s.size() != kMetaBytes
+                              : version != kMetaVersionEngine && version != kMetaVersionParent) {
+    return false;
+  }
   const char* p = s.data() + 1;
   m->namespace_id = GetU(p, 8);
   m->tenant_id = GetU(p + 8, 8);
@@ -140,6 +146,10 @@ bool DecodeDiskBlockMeta(std::string_view s, DiskBlockMeta* m) {
   if (m->size_bytes == 0) return false;
   if (version == kMetaVersion) return true;
   const char* end = s.data() + s.size();
+  if (version == kMetaVersionParent) {  // the parent fingerprint ends the record
+    if (s.size() < kMetaBytes + 32) return false;
+    end -= 32;
+  }
   p = s.data() + kMetaBytes;
   auto b = std::make_shared<BlockMeta>();
   if (!GetEngineHash(&p, end, &b->hash) || !GetEngineHash(&p, end, &b->parent_hash) || p == end) return false;
@@ -156,7 +166,13 @@ bool DecodeDiskBlockMeta(std::string_view s, DiskBlockMeta* m) {
   if (tokens > kMaxBlockTokenIds || static_cast<uint64_t>(end - p) != 4 * tokens) return false;
   b->token_ids.resize(tokens);
   for (uint64_t i = 0; i < tokens; ++i, p += 4) b->token_ids[i] = static_cast<uint32_t>(GetU(p, 4));
-  if (b->empty()) return false;  // written as version 1
+  if (version == kMetaVersionParent) {
+    Fingerprint fp;
+    std::memcpy(fp.bytes.data(), end, 32);
+    b->parent_fingerprint = fp;
+  } else if (b->empty()) {
+    return false;  // written as version 1
+  }
   m->block_meta = std::move(b);
   return true;
 }

@@ -41,8 +41,10 @@ struct DiskBlockMeta {
 // the same 41 bytes with version byte 2, then BlockMeta: hash and parent_hash (each a form byte, 0 none,
 // 1 negative int, 2 uint, 3 bytes; then 8 bytes LE for an int, or a length byte and 1..64 bytes), a
 // lora flag byte (0 or 1) and the lora id as 8 bytes LE when 1, the token count as uint32 LE (at most
-// kMaxBlockTokenIds) and the tokens as uint32 LE. Both versions are read; the decoder accepts only the
-// canonical bytes the encoder writes (a version 2 record with empty metadata is malformed).
+// kMaxBlockTokenIds) and the tokens as uint32 LE. Version 3 (metadata with a parent fingerprint, which
+// the client sends for every block but a chain's first): version 2's bytes with version byte 3, then the
+// parent fingerprint's 32 bytes. All three are read; the decoder accepts only the canonical bytes the
+// encoder writes (a version 2 record with empty metadata is malformed).
 std::string EncodeDiskKey(const BlockKey& key);
 bool DecodeDiskKey(std::string_view bytes, BlockKey* key);  // false: not a key
 std::string EncodeDiskBlockMeta(const DiskBlockMeta& meta);

@@ -165,13 +165,18 @@ class Client::Impl {
       std::vector<BlockKey> keys;
       std::vector<uint32_t> depths;
       std::vector<std::span<const std::byte>> data;
+      std::vector<const BlockMeta*> meta;  // empty, or one per key: the primary's metadata goes along
+      static const BlockMeta kNoMeta;
+      const bool any_meta = std::any_of(task.blocks.begin() + off, task.blocks.begin() + end,
+                                        [](const ReplicaBlock& b) { return b.meta != nullptr; });
       for (size_t k = off; k < end; ++k) {
         keys.push_back({task.blocks[k].fingerprint, task.shard});
         depths.push_back(task.blocks[k].depth);
         data.push_back(*task.blocks[k].bytes);
+        if (any_meta) meta.push_back(task.blocks[k].meta != nullptr ? task.blocks[k].meta.get() : &kNoMeta);
       }
       if (absl::Status s = data_path->PutBatch(*member, pns, keys, depths, data, block_bytes,
-                                               std::span(results).subspan(off, end - off));
+                                               std::span(results).subspan(off, end - off), meta);
           !s.ok()) {
         refusal.Record(std::move(s));
         return true;
@@ -189,9 +194,10 @@ class Client::Impl {
   // After Put's primary round: queues a copy of every block the primary stored, refused or could not
   // take (results[i] kStored, kNoSpace or kError) for each of its other owners on `view`, and hints the
   // blocks the primary could not take (kError) for the primary itself.
+  // `meta` is empty or one per block (as Put filled it); each copy carries its block's.
   void EnqueueReplicas(const RingView& view, const Namespace& ns, std::span<const Fingerprint> fps, uint32_t shard,
                        std::span<const std::span<const std::byte>> blocks, uint32_t first_block_index,
-                       std::span<const PutResult> results) {
+                       std::span<const BlockMeta> meta, std::span<const PutResult> results) {
     if (replicator == nullptr || view.owners.size() < 2) return;
     const uint32_t r = ReplicationFactor(options, ns);
     if (r < 2) return;
@@ -204,6 +210,8 @@ class Client::Impl {
       const std::vector<uint32_t> owners = view.ring.Owners(fps[i], r);
       if (owners.size() < 2) continue;
       auto bytes = std::make_shared<const std::vector<std::byte>>(blocks[i].begin(), blocks[i].end());
+      std::shared_ptr<const BlockMeta> block_meta;
+      if (!meta.empty() && !meta[i].empty()) block_meta = std::make_shared<const BlockMeta>(meta[i]);
       if (results[i] == PutResult::kError) {  // the primary is down: it gets the block when it returns
         auto [it, inserted] = primary_hints.try_emplace(owners[0]);
         if (inserted) {
@@ -211,7 +219,8 @@ class Client::Impl {
           it->second.ns = ns;
           it->second.shard = shard;
         }
-        it->second.blocks.push_back({.fingerprint = fps[i], .depth = static_cast<uint32_t>(depth), .bytes = bytes});
+        it->second.blocks.push_back(
+            {.fingerprint = fps[i], .depth = static_cast<uint32_t>(depth), .bytes = bytes, .meta = block_meta});
       }
       for (size_t o = 1; o < owners.size(); ++o) {
         auto [it, inserted] = tasks.try_emplace(owners[o]);
@@ -221,7 +230,8 @@ class Client::Impl {
           it->second.shard = shard;
           order.push_back(owners[o]);
         }
-        it->second.blocks.push_back({.fingerprint = fps[i], .depth = static_cast<uint32_t>(depth), .bytes = bytes});
+        it->second.blocks.push_back(
+            {.fingerprint = fps[i], .depth = static_cast<uint32_t>(depth), .bytes = bytes, .meta = block_meta});
       }
     }
     for (uint32_t m : order) (void)replicator->Enqueue(std::move(tasks[m]));
@@ -613,11 +623,19 @@ absl::StatusOr<std::vector<PutResult>> Client::Put(const Namespace& ns, std::spa
     return absl::InvalidArgumentError(
         absl::StrCat("block_meta: ", put_options.block_meta.size(), " for ", fps.size(), " fingerprints"));
   }
-  // Each block's parent is the previous block of the chain (the caller's parent_hash for the first),
-  // unless the caller named it: filled before the blocks are split among their owners.
+  // Each block's parent is the previous block of the chain (the caller's parent_hash and
+  // parent_fingerprint for the first), unless the caller named it: filled before the blocks are split
+  // among their owners. Without engine metadata the blocks still get their parent fingerprints.
+  const bool engine_meta = !put_options.block_meta.empty();
   std::vector<BlockMeta> meta(put_options.block_meta.begin(), put_options.block_meta.end());
+  if (!engine_meta && (fps.size() > 1 || put_options.parent_fingerprint.has_value())) meta.resize(fps.size());
   for (size_t i = 0; i < meta.size(); ++i) {
-    if (meta[i].parent_hash.empty()) meta[i].parent_hash = i == 0 ? put_options.parent_hash : meta[i - 1].hash;
+    if (engine_meta && meta[i].parent_hash.empty()) {
+      meta[i].parent_hash = i == 0 ? put_options.parent_hash : meta[i - 1].hash;
+    }
+    if (!meta[i].parent_fingerprint.has_value()) {
+      meta[i].parent_fingerprint = i == 0 ? put_options.parent_fingerprint : std::optional<Fingerprint>(fps[i - 1]);
+    }
     if (absl::Status s = ValidateBlockMeta(meta[i], absl::StrCat("block_meta[", i, "]")); !s.ok()) return s;
   }
   if (absl::Status s = ns.Validate(); !s.ok()) return s;
@@ -690,7 +708,7 @@ absl::StatusOr<std::vector<PutResult>> Client::Put(const Namespace& ns, std::spa
     // one per batch.
     Impl::PipelineBatches(runs[r].first, runs[r].second, put_batch);
   });
-  if (!refusal.refused()) im.EnqueueReplicas(*view, ns, fps, shard, blocks, first_block_index, results);
+  if (!refusal.refused()) im.EnqueueReplicas(*view, ns, fps, shard, blocks, first_block_index, meta, results);
 
   uint64_t stored = 0, rejected = 0;
   for (PutResult r : results) {

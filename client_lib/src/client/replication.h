@@ -19,6 +19,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "kvtier/client/client.h"
+#include "kvtier/common/block_meta.h"
 #include "kvtier/common/fingerprint.h"
 #include "kvtier/common/namespace.h"
 
@@ -30,6 +31,7 @@ struct ReplicaBlock {
   Fingerprint fingerprint;
   uint32_t depth = 0;                                   // index in its prompt's chain
   std::shared_ptr<const std::vector<std::byte>> bytes;  // one shard's bytes, never null
+  std::shared_ptr<const BlockMeta> meta;                // its metadata as the primary got it; null: none
 };
 
 // Blocks of one namespace and shard for one replica owner, named by its node id (not a ring index:

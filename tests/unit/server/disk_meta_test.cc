@@ -1,5 +1,6 @@
 // The disk tier's metadata record: version 1 (no engine metadata, and every record written before there
-// was any) still reads, version 2 carries the engine's BlockMeta, and malformed records are refused.
+// was any) still reads, version 2 carries the engine's BlockMeta, version 3 adds the parent fingerprint,
+// and malformed records are refused.
 #include <gtest/gtest.h>
 
 #include <memory>
@@ -90,6 +91,43 @@ TEST(DiskMetaTest, TokensOnlyAndLoraOnlyRoundTrip) {
   }
 }
 
+Fingerprint SomeFingerprint(uint8_t seed) {
+  Fingerprint fp;
+  for (size_t i = 0; i < fp.bytes.size(); ++i) fp.bytes[i] = static_cast<uint8_t>(seed + i * 7);
+  return fp;
+}
+
+TEST(DiskMetaTest, ParentFingerprintIsVersion3) {
+  // Only the parent fingerprint (a block put without engine metadata): 41 + 3 form/flag bytes + the
+  // token count + 32 bytes.
+  auto parent_only = std::make_shared<BlockMeta>();
+  parent_only->parent_fingerprint = SomeFingerprint(1);
+  auto full = std::make_shared<BlockMeta>();
+  full->hash = EngineBlockHash::Int(-5);
+  full->parent_hash = EngineBlockHash::Uint(9);
+  full->token_ids = {3, 4, 5};
+  full->lora_id = 2;
+  full->parent_fingerprint = SomeFingerprint(200);
+  for (const auto& b : {parent_only, full}) {
+    DiskBlockMeta m = Fixed();
+    m.block_meta = b;
+    const std::string bytes = EncodeDiskBlockMeta(m);
+    EXPECT_EQ(bytes[0], '\x03');
+    EXPECT_EQ(bytes.substr(bytes.size() - 32),
+              std::string(reinterpret_cast<const char*>(b->parent_fingerprint->bytes.data()), 32));
+    DiskBlockMeta got;
+    ASSERT_TRUE(DecodeDiskBlockMeta(bytes, &got));
+    ASSERT_NE(got.block_meta, nullptr);
+    EXPECT_EQ(*got.block_meta, *b);
+    EXPECT_EQ(EncodeDiskBlockMeta(got), bytes);
+    for (size_t n = 0; n < bytes.size(); ++n) EXPECT_FALSE(DecodeDiskBlockMeta(bytes.substr(0, n), &got)) << n;
+    EXPECT_FALSE(DecodeDiskBlockMeta(bytes + "x", &got));
+  }
+  DiskBlockMeta m = Fixed();
+  m.block_meta = parent_only;
+  EXPECT_EQ(EncodeDiskBlockMeta(m).size(), 41u + 3 + 4 + 32);
+}
+
 TEST(DiskMetaTest, MalformedRecordsAreRefused) {
   auto b = std::make_shared<BlockMeta>();
   b->hash = EngineBlockHash::Uint(7);
@@ -103,6 +141,10 @@ TEST(DiskMetaTest, MalformedRecordsAreRefused) {
   EXPECT_FALSE(DecodeDiskBlockMeta(good + "x", &got));
   // Version 1 with extra bytes; an unknown version.
   EXPECT_FALSE(DecodeDiskBlockMeta(Version1Bytes() + "x", &got));
+  std::string v4 = good;
+  v4[0] = '\x04';
+  EXPECT_FALSE(DecodeDiskBlockMeta(v4, &got));
+  // Version 2's bytes labelled version 3 lack the parent fingerprint.
   std::string v3 = good;
   v3[0] = '\x03';
   EXPECT_FALSE(DecodeDiskBlockMeta(v3, &got));

@@ -257,6 +257,46 @@ TEST(VllmEncoderTest, EngineBytesHashAndPartialMetadata) {
   EXPECT_TRUE(field("lora_id")->is_nil());
 }
 
+// A block named by its fingerprint names its parent by the parent's fingerprint, in the configured
+// hash form (byte-exact in the int form; bin in the bytes form). A block named by an engine hash never
+// falls back to the parent's fingerprint: without the parent's engine hash its parent is nil.
+TEST(VllmEncoderTest, ParentFingerprintFillsParentBlockHash) {
+  Fingerprint parent;
+  for (size_t i = 0; i < parent.bytes.size(); ++i) parent.bytes[i] = static_cast<uint8_t>(0xa0 + i % 16);
+  auto meta = std::make_shared<BlockMeta>();
+  meta->parent_fingerprint = parent;  // the last 8 bytes are a8 .. af
+  const VllmEvent stored{.kind = VllmEvent::Kind::kStored,
+                         .block_hashes = {Counting()},
+                         .medium = "CPU",
+                         .block_size = 16,
+                         .block_meta = {meta}};
+  const std::string got = EncodeVllmBatch(1.5, {stored}, 0, VllmBlockHashForm::kInt);
+  const std::string want = Hex("93") + kTs + Hex("91") + Hex("98") + FixStr("BlockStored") + Hex("91") + kHashInt +
+                           Hex("cf a8 a9 aa ab ac ad ae af") + Hex("90") + Hex("10") + Hex("c0") + FixStr("CPU") +
+                           Hex("c0") + Hex("00");
+  EXPECT_EQ(absl::BytesToHexString(got), absl::BytesToHexString(want));
+
+  auto bytes = MsgpackReader::Decode(EncodeVllmBatch(1.5, {stored}, 0, VllmBlockHashForm::kBytes));
+  ASSERT_OK(bytes);
+  const MsgpackValue& ev = bytes->items[1].items[0];
+  EXPECT_EQ(ev.items[1].items[0].type, Type::kBin);
+  ASSERT_EQ(ev.items[2].type, Type::kBin);
+  EXPECT_EQ(ev.items[2].s, std::string(reinterpret_cast<const char*>(parent.bytes.data()), 32));
+
+  auto engine = std::make_shared<BlockMeta>(*meta);
+  engine->hash = EngineBlockHash::Uint(3);
+  auto named = MsgpackReader::Decode(EncodeVllmBatch(1.5,
+                                                     {{.kind = VllmEvent::Kind::kStored,
+                                                       .block_hashes = {Counting()},
+                                                       .medium = "CPU",
+                                                       .block_size = 16,
+                                                       .block_meta = {engine}}},
+                                                     0, VllmBlockHashForm::kInt));
+  ASSERT_OK(named);
+  EXPECT_EQ(named->items[1].items[0].items[1].items[0].u, 3u);
+  EXPECT_TRUE(named->items[1].items[0].items[2].is_nil());
+}
+
 }  // namespace
 }  // namespace kvtier::server
 

@@ -19,6 +19,12 @@ How SGLang's calls map onto kvtier
   it already names a whole prefix. kvtier.external_key_fingerprints turns it into a kvtier fingerprint
   inside this backend's namespace (tenant, model, revision, and a layout describing one page); the host
   pool layout and the interface are part of the key, because they decide the byte order of a page.
+- KV events: writes name each page as SGLang's own events do (hash_str_to_int64 of the key: its first
+  16 hex digits as a signed 64-bit int; KVCacheEventRecorder in python/sglang/srt/mem_cache/events.py,
+  read at commit 06f643f402f0d7e1c4fd480f6854b742fa642951), with the previous page as the parent
+  (extra_info.prefix_keys[-1] for a batch's first page, with its fingerprint), so routers that read
+  SGLang's events match kvtier's blocks. SGLang gives a storage backend no token ids: the events carry
+  none.
 - One SGLang page = one kvtier block: block_tokens = page_size and block_bytes = the page's bytes on
   this TP rank. MHA models store one shard per TP rank (shard = tp_rank, tp_size = the engine's), and
   batch_exists counts a page only when every rank's shard is present, which is what SGLang's min
@@ -73,6 +79,19 @@ _SHARDED_POOLS_DEFAULT = ("mamba",)  # extra pools split across TP ranks even fo
 _MAX_BLOCKED_KEYS = 1 << 16
 
 _WRITE_OK = (kvtier.PutResult.STORED, kvtier.PutResult.ALREADY_PRESENT, kvtier.PutResult.IN_PROGRESS)
+
+
+def _event_block_hash(key: Any) -> Optional[int]:
+    """SGLang's KV-event hash of a page: hash_str_to_int64 of its page hash (the first 16 hex digits as a
+    signed 64-bit int), what SGLang's own BlockStored events carry for a page without extra_key or
+    cache_salt; None for a key that is not a hex page hash."""
+    if not isinstance(key, str) or len(key) < 16:
+        return None
+    try:
+        value = int(key[:16], 16)
+    except ValueError:
+        return None
+    return value - (1 << 64) if value >= (1 << 63) else value
 
 
 def _index_list(indices: Any) -> List[int]:
@@ -197,6 +216,22 @@ class KvtierHiCacheStorage(_Base):
         prefix_keys = getattr(extra_info, "prefix_keys", None)
         return len(prefix_keys) if prefix_keys else 0
 
+    def _engine_meta(self, keys: Sequence[str], extra_info: Any) -> dict:
+        """put()'s engine-metadata keywords for KV pages `keys`: SGLang's event hash of each page and of
+        the page before the first (extra_info.prefix_keys[-1]), and that page's kvtier fingerprint.
+        Empty when a key is not a page hash (then the events name the pages by fingerprint)."""
+        hashes = [_event_block_hash(k) for k in keys]
+        if any(h is None for h in hashes):
+            return {}
+        meta: dict = {"block_hashes": hashes}
+        prefix_keys = getattr(extra_info, "prefix_keys", None)
+        if prefix_keys:
+            parent = _event_block_hash(prefix_keys[-1])
+            if parent is not None:
+                meta["parent_hash"] = parent
+            meta["parent_fingerprint"] = self._fingerprints([prefix_keys[-1]])[0]
+        return meta
+
     # -- existence -----------------------------------------------------------------------------------
 
     def batch_exists(self, keys: List[str], extra_info: Any = None) -> int:
@@ -250,7 +285,8 @@ class KvtierHiCacheStorage(_Base):
         try:
             ptrs, sizes = self._page_segments(keys, host_indices)
             results = self._client.put_ptrs(self.ns, self._fingerprints(keys), ptrs, sizes, shard=self._shard,
-                                            first_block_index=self._first_index(extra_info))
+                                            first_block_index=self._first_index(extra_info),
+                                            **self._engine_meta(keys, extra_info))
             return [r in _WRITE_OK for r in results]
         except Exception:
             logger.exception("kvtier: batch_set_v1 of %d keys failed", len(keys))
@@ -290,7 +326,8 @@ class KvtierHiCacheStorage(_Base):
             return False
         try:
             pages = [_as_contiguous(v) for v in values]
-            results = self._client.put(self.ns, self._fingerprints(keys), pages, shard=self._shard)
+            results = self._client.put(self.ns, self._fingerprints(keys), pages, shard=self._shard,
+                                       **self._engine_meta(keys, None))
             return all(r in _WRITE_OK for r in results)
         except Exception:
             logger.exception("kvtier: batch_set of %d keys failed", len(keys))

@@ -117,6 +117,8 @@ class BlockTransfer:
     block_hashes: Optional[List[Any]] = None
     token_ids: Optional[List[List[int]]] = None
     parent_hash: Optional[Any] = None  # vLLM's hash of the block before the first (None: the first)
+    lora_id: Optional[int] = None  # the request's LoRARequest.lora_int_id (None: no LoRA)
+    parent_fingerprint: Optional[bytes] = None  # kvtier's fingerprint of the block before the first
 
 
 @dataclasses.dataclass
@@ -135,6 +137,7 @@ class _RequestState:
     block_ids: List[int] = dataclasses.field(default_factory=list)
     prompt: List[int] = dataclasses.field(default_factory=list)  # the prompt's token ids
     block_hashes: Optional[List[Any]] = None  # vLLM's Request.block_hashes (grows with the request), if any
+    lora_id: Optional[int] = None  # LoRARequest.lora_int_id, published as the blocks' lora_id
     stored_blocks: int = 0  # leading prompt blocks known to be in kvtier (hit or saved)
     lookup: Optional[concurrent.futures.Future] = None  # the background lookup of the leading run
     loading: bool = False  # an asynchronous load was handed to the workers and not yet scheduled past
@@ -171,6 +174,21 @@ def _block_ids(blocks: Any) -> List[int]:
     if ids and isinstance(ids[0], (list, tuple)):  # tuple of per-group lists
         ids = ids[0]
     return [int(b) for b in ids]
+
+
+def _lora_int_id(request: Any) -> Optional[int]:
+    """vLLM's integer id of the request's LoRA adapter, as vLLM's own BlockStored events carry it
+    (block_pool.py: lora_id=request.lora_request.adapter_id, the LoRARequest's lora_int_id), or None
+    without one."""
+    lora = getattr(request, "lora_request", None)
+    if lora is None:
+        return None
+    lora_id = getattr(lora, "adapter_id", None)
+    if lora_id is None:
+        lora_id = getattr(lora, "lora_int_id", None)
+    if isinstance(lora_id, int) and -(1 << 63) <= lora_id < (1 << 63):
+        return lora_id
+    return None
 
 
 def _extra_keys(request: Any) -> Optional[dict]:
@@ -381,7 +399,8 @@ class KvtierConnector(_Base):
         fps = kvtier.fingerprints(self.ns, prompt, **extra) if prompt else []
         hashes = getattr(request, "block_hashes", None)
         state = _RequestState(fingerprints=list(fps), prompt=list(prompt),
-                              block_hashes=hashes if isinstance(hashes, list) else None)
+                              block_hashes=hashes if isinstance(hashes, list) else None,
+                              lora_id=_lora_int_id(request))
         self._requests[request.request_id] = state
         return state
 
@@ -483,6 +502,8 @@ class KvtierConnector(_Base):
             block_hashes=hashes,
             token_ids=[state.prompt[i * bs:(i + 1) * bs] for i in range(first, complete)] if state.prompt else None,
             parent_hash=_engine_hash(state.block_hashes[first - 1]) if hashes is not None and first > 0 else None,
+            lora_id=state.lora_id,
+            parent_fingerprint=state.fingerprints[first - 1] if first > 0 else None,
         ))
         state.stored_blocks = complete
 
@@ -734,7 +755,8 @@ class KvtierConnector(_Base):
             results = self._client.put(self.ns, save.fingerprints, staging, shard=self._shard,
                                        first_block_index=save.first_block_index,
                                        block_hashes=save.block_hashes, token_ids=save.token_ids,
-                                       parent_hash=save.parent_hash)
+                                       parent_hash=save.parent_hash, lora_id=save.lora_id,
+                                       parent_fingerprint=save.parent_fingerprint)
             bad = sum(1 for r in results if r in (kvtier.PutResult.NO_SPACE, kvtier.PutResult.ERROR))
             if bad:
                 self._count("save_blocks_failed", bad)

@@ -224,10 +224,15 @@ struct PutOptions {
   // LoRA id; kvtier/common/block_meta.h), borrowed for the call. The owners keep it with the blocks and
   // publish it in KV events, so that routers see kvtier's blocks in the engine's terms
   // (docs/events.md). A block whose parent_hash is empty gets the previous block's hash as its parent
-  // (parent_hash below for the first). Replica copies are stored without it.
+  // (parent_hash below for the first). Replica copies are stored with the same metadata. Whether or not
+  // it is given, the client sets each block's BlockMeta::parent_fingerprint (when the caller left it
+  // unset) to the previous fingerprint of the call, and the first block's to parent_fingerprint below.
   std::span<const BlockMeta> block_meta;
   // The engine hash of the block before fingerprints[0] (when first_block_index > 0); empty: none.
   EngineBlockHash parent_hash;
+  // kvtier's fingerprint of the block before fingerprints[0] (when first_block_index > 0); nullopt: not
+  // known (that block's events then carry no parent fingerprint).
+  std::optional<Fingerprint> parent_fingerprint;
 };
 
 // Monotonic counters of this client (DESIGN.md §5 hit accounting). Each block is counted once per call,

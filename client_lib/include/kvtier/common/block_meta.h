@@ -11,6 +11,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "kvtier/common/fingerprint.h"
 
 namespace kvtier {
 
@@ -68,16 +69,23 @@ struct EngineBlockHash {
 // Optional per-block metadata of a put. Every field may be left empty; a block with no metadata at all
 // behaves exactly as a block put without it. Held by the server beside the block (in memory and in the
 // disk tier's record) for as long as the block; about 4 KiB at most per block, outside the tiers'
-// byte budgets.
+// byte budgets. The client fills parent_fingerprint itself (Client::Put), so most blocks carry some.
 struct BlockMeta {
   EngineBlockHash hash;             // the engine's hash of this block
   EngineBlockHash parent_hash;      // the engine's hash of the previous block of its chain; empty: the first
   std::vector<uint32_t> token_ids;  // the block's token ids, at most kMaxBlockTokenIds
   std::optional<int64_t> lora_id;   // the LoRA adapter the block was computed with; nullopt: none
+  // kvtier's fingerprint of the previous block of the same prefix (the block at depth - 1, in the same
+  // namespace); nullopt: the chain's first block, or not known to the writer.
+  std::optional<Fingerprint> parent_fingerprint;
 
-  bool empty() const { return hash.empty() && parent_hash.empty() && token_ids.empty() && !lora_id.has_value(); }
+  // True when no engine field is set (parent_fingerprint aside): the events then name the block by its
+  // fingerprint, as without metadata.
+  bool engine_empty() const { return hash.empty() && parent_hash.empty() && token_ids.empty() && !lora_id.has_value(); }
+  bool empty() const { return engine_empty() && !parent_fingerprint.has_value(); }
   friend bool operator==(const BlockMeta& a, const BlockMeta& b) {
-    return a.hash == b.hash && a.parent_hash == b.parent_hash && a.token_ids == b.token_ids && a.lora_id == b.lora_id;
+    return a.hash == b.hash && a.parent_hash == b.parent_hash && a.token_ids == b.token_ids && a.lora_id == b.lora_id &&
+           a.parent_fingerprint == b.parent_fingerprint;
   }
 };
 

@@ -29,8 +29,9 @@ void EncodeKeys(std::span<const BlockKey> keys, v1::BlockKeys* out);
 // key and each < tp_size. Errors: InvalidArgument with the offending count or value.
 absl::StatusOr<std::vector<BlockKey>> DecodeKeys(const v1::BlockKeys& keys, uint32_t tp_size, uint32_t max_keys);
 
-// An engine's block metadata to and from its message. FromProto validates (ValidateBlockMeta): errors
-// are InvalidArgument naming `field` and the limit.
+// An engine's block metadata (with the parent fingerprint) to and from its message. FromProto
+// validates (ValidateBlockMeta, and a parent_fingerprint of 0 or 32 bytes): errors are InvalidArgument
+// naming `field` and the limit.
 void ToProto(const BlockMeta& meta, v1::EngineBlockMeta* out);
 absl::StatusOr<BlockMeta> FromProto(const v1::EngineBlockMeta& meta, const std::string& field);
 
