@@ -80,7 +80,11 @@ class Client::Impl {
   // landing, the check and the commit). Batches start in order; once `put_batch(g)` returns true (the
   // owner failed a whole batch, or refused the request) no further batch starts, and those in flight
   // finish. `put_batch` must be safe to run for different g at once.
-  static constexpr size_t kPutPipelineDepth = 2;
+  // Depth 1 (one batch at a time) for now: with two in flight, the reservations of both can take a small
+  // host tier whole (all reserved, nothing evictable), and the second batch is answered NO_SPACE where a
+  // batch that waited for the first one's commit would have evicted it. Raising it needs a retry of such
+  // blocks after the batch before them commits.
+  static constexpr size_t kPutPipelineDepth = 1;
   template <typename Fn>
   static void PipelineBatches(size_t first, size_t last, Fn put_batch) {
     std::atomic<size_t> next{first};
