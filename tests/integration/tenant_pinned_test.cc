@@ -63,10 +63,10 @@ std::vector<PutResult> PutAll(Client& c, const Namespace& ns, std::span<const Fi
 
 struct Outcome {
   size_t stored = 0;
-  size_t refused = 0;  // anything else
-  size_t lookups = 0;  // greedy leases taken meanwhile
-  double pinned_refusals = -1;         // the greedy tenant's series; -1: absent from /metrics
-  double steady_pinned_refusals = -1;  // the steady tenant's (never refused)
+  size_t refused = 0;                                      // anything else
+  size_t lookups = 0;                                      // greedy leases taken meanwhile
+  double pinned_refusals = -1;                             // the greedy tenant's series; -1: absent from /metrics
+  double steady_pinned_refusals = -1;                      // the steady tenant's (never refused)
   absl::Duration first_stored = absl::InfiniteDuration();  // from the steady tenant's first put
 };
 
