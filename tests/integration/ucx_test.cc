@@ -687,6 +687,57 @@ TEST_F(UcxProcessTest, APutToAStoppedOwnerWaitsForOneBatchNotEvery) {
   EXPECT_LT(took, 3 * timeout) << "one batch: Allocate times out (and at most a transfer and an Abort)";
 }
 
+// A server stopped (SIGSTOP) while a Put's blocks are on the wire: the sends it never takes are given up
+// at the deadline, the Put returns, and the client then closes without waiting on them or leaving them
+// behind (the sanitizer builds check that no request or transfer outlives it).
+TEST_F(UcxProcessTest, AServerStoppedMidPutIsGivenUpOnAndTheClientClosesCleanly) {
+  auto node = StartNode("node-m");
+  ASSERT_OK(node);
+  const pid_t pid = (*node)->pid();
+  struct Resume {
+    pid_t pid;
+    ~Resume() { kill(pid, SIGCONT); }
+  } resume{pid};
+  const absl::Duration timeout = absl::Seconds(1);
+  auto c = Client::Connect({.members = {"node-m=" + (*node)->address()}, .rpc_timeout = timeout, .transport = "ucx"});
+  ASSERT_OK(c);
+  const Namespace ns = NamespaceOfBlockBytes(8ULL << 20);
+  std::atomic<bool> stop{false};
+  std::atomic<int> puts{0};
+  std::atomic<int> errors{0};  // blocks the stopped server never took
+  auto putter = std::async(std::launch::async, [&] {
+    absl::Duration slowest;
+    for (uint32_t round = 0; !stop.load(); ++round) {
+      const auto fps = Fingerprints(ns, 16, /*seed=*/100 + round);  // 128 MiB of new blocks each round
+      Blocks in = MakeBlocks(fps, 8ULL << 20);
+      const absl::Time start = absl::Now();
+      auto put = (*c)->Put(ns, fps, 0, in.views);
+      slowest = std::max(slowest, absl::Now() - start);
+      EXPECT_OK(put);
+      if (put.ok()) {
+        for (PutResult r : *put) errors.fetch_add(r == PutResult::kError ? 1 : 0);
+      }
+      puts.fetch_add(1);
+    }
+    return slowest;
+  });
+  while (puts.load() < 1) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  std::this_thread::sleep_for(std::chrono::milliseconds(15));  // the next round's sends are under way
+  ASSERT_TRUE(StopAndWait(pid));
+  const int before = puts.load();
+  const absl::Time until = absl::Now() + absl::Seconds(20);
+  while (puts.load() < before + 2 && absl::Now() < until) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  stop = true;
+  const absl::Duration slowest = putter.get();
+  EXPECT_GE(puts.load(), before + 2) << "a Put to the stopped server never returned";
+  // A Put's allocation, its transfer and its abort each have rpc_timeout, plus the cancel and close grace.
+  EXPECT_LT(slowest, 3 * timeout + absl::Seconds(2));
+  EXPECT_GT(errors.load(), 0);
+  const absl::Time closing = absl::Now();
+  c->reset();
+  EXPECT_LT(absl::Now() - closing, absl::Seconds(3)) << "closing waited on sends the server never takes";
+}
+
 // A client process killed mid-transfer must not leave slots pinned: the server cancels or force-closes
 // its transfers after ucx.transfer_timeout, and its leases and reservations then expire as usual.
 TEST(UcxServerCleanupTest, ClientKilledMidTransferLeavesNothingPinned) {

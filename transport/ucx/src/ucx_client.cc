@@ -59,6 +59,7 @@ struct UcxClient::Impl {
     Impl* impl = nullptr;
     std::shared_ptr<Transfer> transfer;
     uint32_t slot = 0;
+    void* request = nullptr;  // while in flight (live_ops)
   };
   struct Endpoint {
     ucp_ep_h ep = nullptr;
@@ -93,6 +94,9 @@ struct UcxClient::Impl {
   absl::flat_hash_map<uint64_t, std::shared_ptr<Transfer>> pending_hello;  // by nonce
   absl::flat_hash_map<uint64_t, std::shared_ptr<Transfer>> pending_put;    // by request id
   absl::flat_hash_map<uint64_t, std::shared_ptr<Transfer>> pending_lease;  // by request id
+  // Every send and receive in flight, until its callback runs. One that a forced close never completed
+  // (a transfer given up on) is released by Destroy, so that neither it nor its transfer outlives us.
+  absl::flat_hash_set<Op*> live_ops;
 
   absl::Status Init(const std::string& transports) {
     auto context = UcxContext::Create(transports, "ucx_transports", /*several_workers=*/true);
@@ -117,7 +121,14 @@ struct UcxClient::Impl {
     }
     if (worker != nullptr) {
       for (auto& [id, e] : endpoints) worker->CloseEndpoint(e.ep);
-      worker->DrainCloses(absl::Now() + kCloseGrace);
+      const absl::Time until = absl::Now() + kCloseGrace;
+      worker->DrainCloses(until);
+      while (!live_ops.empty() && absl::Now() < until) ucp_worker_progress(worker->get());
+      for (Op* op : live_ops) {
+        ucp_request_free(op->request);  // UCX finishes it alone; its callback no longer runs
+        delete op;
+      }
+      live_ops.clear();
       endpoints.clear();
       worker.reset();
     }
@@ -278,6 +289,7 @@ struct UcxClient::Impl {
 
   static void OnRecvDone(void* request, ucs_status_t status, const ucp_tag_recv_info_t* info, void* user_data) {
     auto* op = static_cast<Op*>(user_data);
+    op->impl->live_ops.erase(op);
     Transfer& t = *op->transfer;
     t.requests[op->slot] = nullptr;
     ucp_request_free(request);
@@ -300,6 +312,7 @@ struct UcxClient::Impl {
 
   static void OnSendDone(void* request, ucs_status_t status, void* user_data) {
     auto* op = static_cast<Op*>(user_data);
+    op->impl->live_ops.erase(op);
     Transfer& t = *op->transfer;
     t.requests[op->slot] = nullptr;
     ucp_request_free(request);
@@ -325,6 +338,8 @@ struct UcxClient::Impl {
                                             msg::SessionPutTag(reservation_id, idx[j], put_tag_key), &p);
       if (UCS_PTR_IS_PTR(r)) {
         t->requests[j] = r;
+        op->request = r;
+        live_ops.insert(op);
         continue;
       }
       delete op;
@@ -592,6 +607,8 @@ UcxClient::TransferResult UcxClient::Get(EndpointId endpoint, const CapabilityId
           ucp_tag_recv_nbx(im.worker->get(), bufs[j].data(), bufs[j].size(), tag_base + j, kFullTagMask, &p);
       if (UCS_PTR_IS_PTR(r)) {
         t->requests[j] = r;
+        op->request = r;
+        im.live_ops.insert(op);
       } else {
         delete op;
         std::unique_lock<std::mutex> lock(t->mu);

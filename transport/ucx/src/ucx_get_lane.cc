@@ -75,6 +75,13 @@ GetLane::~GetLane() {
   std::vector<UcxClient::EndpointId> ids;
   for (const auto& [id, ep] : eps_) ids.push_back(id);
   for (auto id : ids) CloseEndpoint(id);
+  // Receives given up on that even the forced closes did not complete: released here, before the
+  // worker goes, so that no callback can run for them afterwards.
+  for (Recv* r : abandoned_recvs_) {
+    if (r->request != nullptr) ucp_request_free(r->request);
+    delete r;
+  }
+  abandoned_recvs_.clear();
 }
 
 void GetLane::Post(std::shared_ptr<LaneGet> get) {
