@@ -1,11 +1,14 @@
 #include "kvtier/common/fingerprint.h"
 
-#include <openssl/evp.h>
+// The low-level SHA-256 interface (see Sha256Digest) is deprecated in OpenSSL 3.
+#define OPENSSL_SUPPRESS_DEPRECATED
+#include <openssl/sha.h>
 
 #include <bit>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <string>
 
@@ -17,29 +20,13 @@
 namespace kvtier {
 namespace internal {
 
-const EVP_MD* Sha256() {
-  static const EVP_MD* const md = [] {
-    const EVP_MD* fetched = EVP_MD_fetch(nullptr, "SHA256", nullptr);
-    return fetched != nullptr ? fetched : EVP_sha256();
-  }();
-  return md;
-}
-
-EvpMdCtxPtr NewDigestContext() {
-  EvpMdCtxPtr ctx(EVP_MD_CTX_new());
-  if (ctx == nullptr) {
-    std::fputs("kvtier: EVP_MD_CTX_new failed (out of memory)\n", stderr);
-    std::abort();
-  }
-  return ctx;
-}
-
-void Sha256Digest(EVP_MD_CTX* ctx, const void* data, size_t size, uint8_t* out) {
-  if (EVP_DigestInit_ex2(ctx, Sha256(), nullptr) != 1 || EVP_DigestUpdate(ctx, data, size) != 1 ||
-      EVP_DigestFinal_ex(ctx, out, nullptr) != 1) {
-    std::fputs("kvtier: SHA-256 failed in OpenSSL (out of memory)\n", stderr);
-    std::abort();
-  }
+void Sha256Digest(const void* data, size_t size, uint8_t* out) {
+  // The same assembly as EVP's default provider (SHA-NI where the CPU has it), deprecated in OpenSSL 3
+  // only as an interface. Not the one-shot SHA256(), which OpenSSL 3 routes through a fetch per call.
+  SHA256_CTX ctx;
+  SHA256_Init(&ctx);
+  SHA256_Update(&ctx, data, size);
+  SHA256_Final(out, &ctx);
 }
 
 }  // namespace internal
@@ -167,12 +154,25 @@ absl::StatusOr<std::vector<Fingerprint>> ChainFingerprints(const Namespace& ns, 
   std::vector<Fingerprint> fps(num_blocks);
   if (num_blocks == 0) return fps;
 
-  // One context and one input buffer for the whole chain: after block 0 has sized the buffer, the
-  // loop allocates nothing (unless a block overlaps more multimodal inputs than any before it).
-  internal::EvpMdCtxPtr ctx = internal::NewDigestContext();
+  // One input buffer for the whole chain: after block 0 has sized it, the loop allocates nothing
+  // (unless a block overlaps more multimodal inputs than any before it).
   std::string input;
   input.reserve(1024 + 4 * block_tokens);  // canonical bytes and salt take < 1 KiB
+  // Without multimodal inputs, extra(block) is the same bytes for every block after the first: those
+  // blocks' inputs differ only in the previous digest and the tokens, which are written in place.
+  const bool same_extra = extra.multimodal.empty() && std::endian::native == std::endian::little;
   for (size_t i = 0; i < num_blocks; ++i) {
+    if (same_extra && i > 0) {
+      if (i == 1) {
+        input.assign(fps[0].bytes.size() + 4 * block_tokens, '\0');
+        AppendExtra(extra, i, block_tokens, &input);
+      }
+      char* const at = input.data();
+      std::memcpy(at, fps[i - 1].bytes.data(), fps[i - 1].bytes.size());
+      std::memcpy(at + fps[i - 1].bytes.size(), tokens.data() + i * block_tokens, 4 * block_tokens);
+      internal::Sha256Digest(input.data(), input.size(), fps[i].bytes.data());
+      continue;
+    }
     input.clear();
     if (i == 0) {
       internal::AppendCanonicalBytes(ns, &input);
@@ -182,7 +182,7 @@ absl::StatusOr<std::vector<Fingerprint>> ChainFingerprints(const Namespace& ns, 
     }
     AppendTokens(tokens.subspan(i * block_tokens, block_tokens), &input);
     AppendExtra(extra, i, block_tokens, &input);
-    internal::Sha256Digest(ctx.get(), input.data(), input.size(), fps[i].bytes.data());
+    internal::Sha256Digest(input.data(), input.size(), fps[i].bytes.data());
   }
   return fps;
 }

@@ -1,7 +1,5 @@
 #include "kvtier/common/hash_ring.h"
 
-#include <openssl/evp.h>
-
 #include <algorithm>
 #include <cstdint>
 #include <limits>
@@ -39,16 +37,15 @@ absl::StatusOr<HashRing> HashRing::Create(std::vector<std::string> node_ids, uin
   ring.node_ids_ = std::move(node_ids);
   ring.virtual_nodes_ = virtual_nodes;
   ring.points_.reserve(ring.node_ids_.size() * virtual_nodes);
-  internal::EvpMdCtxPtr ctx = internal::NewDigestContext();
   std::string input;
-  uint8_t digest[EVP_MAX_MD_SIZE];
+  uint8_t digest[internal::kSha256Bytes];
   for (uint32_t m = 0; m < ring.node_ids_.size(); ++m) {
     for (uint32_t i = 0; i < virtual_nodes; ++i) {
       // Point i of member m: SHA-256(m || 0x00 || uint32_le(i)), first 8 bytes little-endian.
       input.assign(ring.node_ids_[m]);
       internal::AppendU8(0, &input);
       internal::AppendU32(i, &input);
-      internal::Sha256Digest(ctx.get(), input.data(), input.size(), digest);
+      internal::Sha256Digest(input.data(), input.size(), digest);
       ring.points_.push_back({internal::LoadU64Le(digest), m});
     }
   }

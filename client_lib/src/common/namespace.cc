@@ -67,8 +67,8 @@ std::string Namespace::CanonicalBytes() const {
 
 uint64_t Namespace::Id() const {
   const std::string bytes = CanonicalBytes();
-  uint8_t digest[EVP_MAX_MD_SIZE];
-  internal::Sha256Digest(internal::NewDigestContext().get(), bytes.data(), bytes.size(), digest);
+  uint8_t digest[internal::kSha256Bytes];
+  internal::Sha256Digest(bytes.data(), bytes.size(), digest);
   return internal::LoadU64Le(digest);
 }
 
