@@ -16,6 +16,7 @@
 #include "client/hot_blocks.h"
 #include "client/membership.h"
 #include "client/nccl_endpoints.h"
+#include "client/put_pipeline.h"
 #include "client/read_plan.h"
 #include "client/refusal.h"
 #include "client/replication.h"
@@ -75,30 +76,8 @@ class Client::Impl {
     for (auto& f : rest) f.get();
   }
 
-  // One owner's put batches first..last-1, pipelined: kPutPipelineDepth batches in flight at once, so
-  // that the next batch's reservation and sends overlap the previous one's completion (its last bytes
-  // landing, the check and the commit). Batches start in order; once `put_batch(g)` returns true (the
-  // owner failed a whole batch, or refused the request) no further batch starts, and those in flight
-  // finish. `put_batch` must be safe to run for different g at once.
-  // Depth 1 (one batch at a time) for now: with two in flight, the reservations of both can take a small
-  // host tier whole (all reserved, nothing evictable), and the second batch is answered NO_SPACE where a
-  // batch that waited for the first one's commit would have evicted it. Raising it needs a retry of such
-  // blocks after the batch before them commits.
-  static constexpr size_t kPutPipelineDepth = 1;
-  template <typename Fn>
-  static void PipelineBatches(size_t first, size_t last, Fn put_batch) {
-    std::atomic<size_t> next{first};
-    std::atomic<bool> stop{false};
-    auto run = [&] {
-      for (size_t g = 0; !stop.load(std::memory_order_acquire) && (g = next.fetch_add(1)) < last;) {
-        if (put_batch(g)) stop.store(true, std::memory_order_release);
-      }
-    };
-    std::vector<std::thread> helpers;
-    for (size_t i = 1; i < std::min(kPutPipelineDepth, last - first); ++i) helpers.emplace_back(run);
-    run();
-    for (std::thread& t : helpers) t.join();
-  }
+  // One owner's put batches in flight at once within a Put call (put_pipeline.h).
+  static constexpr size_t kPutPipelineDepth = 2;
 
   // ---- Replication (docs/architecture.md "Replication"): owners per block, read fail-over, replica puts.
 
@@ -163,30 +142,39 @@ class Client::Impl {
     std::vector<PutResult> results(task.blocks.size(), PutResult::kError);
     const size_t batch = std::min(options.max_blocks_per_request, options.put_batch_blocks);
     CallRefusal refusal;
-    PipelineBatches(0, (task.blocks.size() + batch - 1) / batch, [&](size_t b) {
+    PutPipeline pipeline(kPutPipelineDepth);
+    pipeline.Run(0, (task.blocks.size() + batch - 1) / batch, [&](size_t b) {
       const size_t off = b * batch;
       const size_t end = std::min(task.blocks.size(), off + batch);
-      std::vector<BlockKey> keys;
-      std::vector<uint32_t> depths;
-      std::vector<std::span<const std::byte>> data;
-      std::vector<const BlockMeta*> meta;  // empty, or one per key: the primary's metadata goes along
       static const BlockMeta kNoMeta;
       const bool any_meta = std::any_of(task.blocks.begin() + off, task.blocks.begin() + end,
                                         [](const ReplicaBlock& b) { return b.meta != nullptr; });
-      for (size_t k = off; k < end; ++k) {
-        keys.push_back({task.blocks[k].fingerprint, task.shard});
-        depths.push_back(task.blocks[k].depth);
-        data.push_back(*task.blocks[k].bytes);
-        if (any_meta) meta.push_back(task.blocks[k].meta != nullptr ? task.blocks[k].meta.get() : &kNoMeta);
-      }
-      if (absl::Status s = data_path->PutBatch(*member, pns, keys, depths, data, block_bytes,
-                                               std::span(results).subspan(off, end - off), meta);
-          !s.ok()) {
+      std::vector<PutResult> batch_results(end - off, PutResult::kError);
+      absl::Status s = pipeline.PutBatch(
+          end - off,
+          [&](std::span<const uint32_t> positions, std::vector<PutResult>& out) {
+            std::vector<BlockKey> keys;
+            std::vector<uint32_t> depths;
+            std::vector<std::span<const std::byte>> data;
+            std::vector<const BlockMeta*> meta;  // empty, or one per key: the primary's metadata goes along
+            for (uint32_t p : positions) {
+              const ReplicaBlock& rb = task.blocks[off + p];
+              keys.push_back({rb.fingerprint, task.shard});
+              depths.push_back(rb.depth);
+              data.push_back(*rb.bytes);
+              if (any_meta) meta.push_back(rb.meta != nullptr ? rb.meta.get() : &kNoMeta);
+            }
+            out.assign(positions.size(), PutResult::kError);
+            return data_path->PutBatch(*member, pns, keys, depths, data, block_bytes, out, meta);
+          },
+          batch_results);
+      if (!s.ok()) {
         refusal.Record(std::move(s));
         return true;
       }
+      std::copy(batch_results.begin(), batch_results.end(), results.begin() + static_cast<ptrdiff_t>(off));
       // An owner that failed a batch is down: leave the rest kError (hinted) rather than wait again.
-      return std::all_of(results.begin() + off, results.begin() + end,
+      return std::all_of(batch_results.begin(), batch_results.end(),
                          [](PutResult r) { return r == PutResult::kError; });
     });
     if (refusal.refused()) return refusal.status();
@@ -673,7 +661,8 @@ absl::StatusOr<std::vector<PutResult>> Client::Put(const Namespace& ns, std::spa
       std::min(im.options.max_blocks_per_request, im.options.put_batch_blocks));
   // Owners in parallel; one owner's batches in order, at most kPutPipelineDepth of them reserved at
   // once (the next one's reservation and sends overlap the last one's commit), so a put larger than an
-  // owner's memory streams through it instead of reserving more than it has.
+  // owner's memory streams through it instead of reserving more than it has. Blocks refused NO_SPACE
+  // while another batch held reservations are tried once more alone (put_pipeline.h).
   std::vector<std::pair<size_t, size_t>> runs;  // [first, last) group of each owner
   for (size_t g = 0; g < groups.size(); ++g) {
     if (g == 0 || groups[g].first != groups[g - 1].first) runs.push_back({g, g});
@@ -683,23 +672,29 @@ absl::StatusOr<std::vector<PutResult>> Client::Put(const Namespace& ns, std::spa
   wire::ToProto(ns, &pns);
   CallRefusal refusal;  // the first owner's refusal of the request (IsRefusal): the call's error
 
-  // Puts batch g; true when its owner should get no more batches in this call.
-  auto put_batch = [&](size_t g) {
+  // Puts batch g through `pipeline`; true when its owner should get no more batches in this call.
+  auto put_batch = [&](PutPipeline& pipeline, size_t g) {
     const auto& [owner, idx] = groups[g];
-    std::vector<BlockKey> keys;
-    std::vector<uint32_t> depths;
-    std::vector<std::span<const std::byte>> data;
-    std::vector<const BlockMeta*> batch_meta;
-    for (uint32_t i : idx) {
-      keys.push_back({fps[i], shard});
-      depths.push_back(first_block_index + i);
-      data.push_back(blocks[i]);
-      if (!meta.empty()) batch_meta.push_back(&meta[i]);
-    }
     std::vector<PutResult> batch(idx.size(), PutResult::kError);
-    if (absl::Status s =
-            im.data_path->PutBatch(*view->owners[owner], pns, keys, depths, data, block_bytes, batch, batch_meta);
-        !s.ok()) {
+    absl::Status s = pipeline.PutBatch(
+        idx.size(),
+        [&](std::span<const uint32_t> positions, std::vector<PutResult>& out) {
+          std::vector<BlockKey> keys;
+          std::vector<uint32_t> depths;
+          std::vector<std::span<const std::byte>> data;
+          std::vector<const BlockMeta*> batch_meta;
+          for (uint32_t k : positions) {
+            const uint32_t i = idx[k];
+            keys.push_back({fps[i], shard});
+            depths.push_back(first_block_index + i);
+            data.push_back(blocks[i]);
+            if (!meta.empty()) batch_meta.push_back(&meta[i]);
+          }
+          out.assign(positions.size(), PutResult::kError);
+          return im.data_path->PutBatch(*view->owners[owner], pns, keys, depths, data, block_bytes, out, batch_meta);
+        },
+        batch);
+    if (!s.ok()) {
       refusal.Record(std::move(s));
       return true;  // the rest would be refused too
     }
@@ -710,7 +705,8 @@ absl::StatusOr<std::vector<PutResult>> Client::Put(const Namespace& ns, std::spa
     // An owner that failed a whole batch (down, or past its deadline) is not waited for again: the
     // rest of its blocks stay kError, so a dead owner costs the deadlines of the batches in flight, not
     // one per batch.
-    Impl::PipelineBatches(runs[r].first, runs[r].second, put_batch);
+    PutPipeline pipeline(Impl::kPutPipelineDepth);
+    pipeline.Run(runs[r].first, runs[r].second, [&](size_t g) { return put_batch(pipeline, g); });
   });
   if (!refusal.refused()) im.EnqueueReplicas(*view, ns, fps, shard, blocks, first_block_index, meta, results);
 
