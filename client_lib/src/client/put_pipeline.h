@@ -8,9 +8,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <mutex>
-#include <thread>
 #include <numeric>
 #include <span>
+#include <thread>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -124,9 +124,9 @@ class PutPipeline {
   const size_t depth_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  size_t active_ = 0;          // guarded by mu_: Shared attempts running
-  uint64_t starts_ = 0;        // guarded by mu_: Shared attempts started so far
-  size_t alone_waiting_ = 0;   // guarded by mu_
+  size_t active_ = 0;           // guarded by mu_: Shared attempts running
+  uint64_t starts_ = 0;         // guarded by mu_: Shared attempts started so far
+  size_t alone_waiting_ = 0;    // guarded by mu_
   bool alone_running_ = false;  // guarded by mu_
 };
 
