@@ -44,6 +44,9 @@ ABSL_FLAG(std::string, disk_policy, "",
 ABSL_FLAG(uint32_t, disk_admit_min_requests, 0,
           "with --disk_capacity: write a host victim to disk only if its block was requested at least this "
           "many times so far (0 or 1 = every victim)");
+ABSL_FLAG(bool, keep_disk_copy, false,
+          "with --disk_capacity: a block promoted from disk keeps its disk copy, so its next demotion writes "
+          "nothing (inclusive tiers, an experiment: the server's tiers are exclusive)");
 ABSL_FLAG(bool, promote_on_hit, true, "with --disk_capacity: a hit on a disk block moves it back to host");
 ABSL_FLAG(uint32_t, nodes, 1, "hash-partition the blocks over N nodes, each with capacity / N and its own policy");
 ABSL_FLAG(double, frequency_weight, kvtier::server::EvictionPolicyOptions{}.frequency_weight,
@@ -187,7 +190,7 @@ int main(int argc, char** argv) {
           "\"hit_blocks\":%llu,\"blocks\":%llu,"
           "\"hit_ratio\":%.6f,\"belady_fraction\":%.4f,\"evictions\":%llu,\"not_admitted\":%llu,"
           "\"disk_hit_blocks\":%llu,\"demotions\":%llu,\"promotions\":%llu,\"disk_evictions\":%llu,"
-          "\"disk_refused\":%llu,\"orphaning_drops\":%llu,\"seconds\":%.3f}\n",
+          "\"disk_refused\":%llu,\"disk_writes\":%llu,\"orphaning_drops\":%llu,\"seconds\":%.3f}\n",
           p.policy.c_str(), p.capacity_blocks == 0 ? "null" : cap.c_str(),
           static_cast<unsigned long long>(p.policy == "belady" ? 0 : disk_blocks_at(p.capacity_blocks)), nodes,
           static_cast<unsigned long long>(p.hit_blocks), static_cast<unsigned long long>(p.blocks), p.hit_ratio,
@@ -195,14 +198,16 @@ int main(int argc, char** argv) {
           static_cast<unsigned long long>(p.not_admitted), static_cast<unsigned long long>(p.disk_hit_blocks),
           static_cast<unsigned long long>(p.demotions), static_cast<unsigned long long>(p.promotions),
           static_cast<unsigned long long>(p.disk_evictions), static_cast<unsigned long long>(p.disk_refused),
+          static_cast<unsigned long long>(p.demotions - p.clean_demotions),
           static_cast<unsigned long long>(p.orphaning_drops), p.seconds);
     } else if (disk_capacity != 0 && p.policy != "belady") {
-      std::printf("%-12s %12s %10.4f %9s %12llu %12llu %8.2f %10.4f %12llu %12.3f\n", p.policy.c_str(), cap.c_str(),
-                  p.hit_ratio, p.belady_fraction > 0 ? absl::StrFormat("%.1f%%", 100 * p.belady_fraction).c_str() : "-",
-                  static_cast<unsigned long long>(p.evictions), static_cast<unsigned long long>(p.not_admitted),
-                  p.seconds, p.blocks == 0 ? 0.0 : static_cast<double>(p.disk_hit_blocks) / p.blocks,
-                  static_cast<unsigned long long>(p.demotions),
-                  p.disk_hit_blocks == 0 ? 0.0 : static_cast<double>(p.demotions) / p.disk_hit_blocks);
+      std::printf(
+          "%-12s %12s %10.4f %9s %12llu %12llu %8.2f %10.4f %12llu %12.3f\n", p.policy.c_str(), cap.c_str(),
+          p.hit_ratio, p.belady_fraction > 0 ? absl::StrFormat("%.1f%%", 100 * p.belady_fraction).c_str() : "-",
+          static_cast<unsigned long long>(p.evictions), static_cast<unsigned long long>(p.not_admitted), p.seconds,
+          p.blocks == 0 ? 0.0 : static_cast<double>(p.disk_hit_blocks) / p.blocks,
+          static_cast<unsigned long long>(p.demotions - p.clean_demotions),
+          p.disk_hit_blocks == 0 ? 0.0 : static_cast<double>(p.demotions - p.clean_demotions) / p.disk_hit_blocks);
     } else {
       std::printf("%-12s %12s %10.4f %9s %12llu %12llu %8.2f\n", p.policy.c_str(), cap.c_str(), p.hit_ratio,
                   p.belady_fraction > 0 ? absl::StrFormat("%.1f%%", 100 * p.belady_fraction).c_str() : "-",
@@ -217,6 +222,7 @@ int main(int argc, char** argv) {
     tiered.disk_capacity_blocks = disk_blocks_at(capacity);
     tiered.promote_on_hit = promote_on_hit;
     tiered.disk_admit_min_requests = admit_min_requests;
+    tiered.keep_disk_copy = absl::GetFlag(FLAGS_keep_disk_copy);
     double belady_ratio = 0;
     if (belady) {
       const auto start = std::chrono::steady_clock::now();
@@ -251,6 +257,7 @@ int main(int argc, char** argv) {
               .not_admitted = r->not_admitted,
               .disk_hit_blocks = r->disk_hit_blocks,
               .demotions = r->demotions,
+              .clean_demotions = r->clean_demotions,
               .promotions = r->promotions,
               .disk_evictions = r->disk_evictions,
               .disk_refused = r->disk_refused,

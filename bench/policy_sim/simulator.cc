@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "kvtier/server/request_history.h"
 
 namespace kvtier::bench {
 namespace {
@@ -63,6 +64,7 @@ absl::StatusOr<SimResult> SimulatePolicy(const SimTrace& trace, const PolicyFact
     std::vector<uint32_t> depth_of;      // handle -> depth at insert (BlockStore keeps the writer's)
     std::vector<uint64_t> namespace_of;  // handle -> namespace id
     std::vector<uint32_t> free_handles;  // LIFO, as BlockStore reuses them
+    server::RequestHistory history;      // disk admission: requests of dropped blocks
   };
   std::vector<Node> nodes(options.nodes);
   for (uint32_t n = 0; n < options.nodes; ++n) {
@@ -81,6 +83,8 @@ absl::StatusOr<SimResult> SimulatePolicy(const SimTrace& trace, const PolicyFact
   const uint64_t block_bytes = options.block_bytes != 0 ? options.block_bytes : uint64_t{trace.block_tokens} * 1024;
   std::vector<uint32_t> handle_of(trace.num_distinct_blocks(), kNil);
   std::vector<uint8_t> tier_of(trace.num_distinct_blocks(), kAbsent);
+  // By block: on the host tier with its disk copy kept (keep_disk_copy), which the disk policy still holds.
+  std::vector<uint8_t> has_copy(trace.num_distinct_blocks(), 0);
   // The chain: each block's parent (the block before it in the first request that named it, kNil at
   // depth 0) and how many of its children are in some tier.
   std::vector<uint32_t> parent_of(trace.num_distinct_blocks(), kNil);
@@ -96,13 +100,24 @@ absl::StatusOr<SimResult> SimulatePolicy(const SimTrace& trace, const PolicyFact
     }
   }
   std::vector<uint32_t> present_children(trace.num_distinct_blocks(), 0);
-  std::vector<uint32_t> requests_of;  // by block: requests that named it so far (disk admission only)
+  // By block: requests that named it while stored, plus what its node remembered of it when it was
+  // stored again (disk admission only; the store's access_count plus earlier_requests).
+  std::vector<uint32_t> requests_of;
   if (options.disk_admit_min_requests > 1) requests_of.assign(trace.num_distinct_blocks(), 0);
   SimResult result;
   const auto always = [](server::EntryHandle) { return true; };
 
   auto drop = [&](Node& node, uint32_t h) {
     const uint32_t b = node.block_of[h];
+    if (has_copy[b] != 0) {
+      node.disk_policy->OnErase(h);
+      --node.disk_used;
+      has_copy[b] = 0;
+    }
+    if (!requests_of.empty()) {  // as BlockStore::DropLocked: its requests are remembered for a later put
+      node.history.Remember(trace.block_keys[b], requests_of[b], 2 * (node.used + node.disk_used));
+      requests_of[b] = 0;
+    }
     if (present_children[b] > 0) ++result.orphaning_drops;
     if (parent_of[b] != kNil) --present_children[parent_of[b]];
     handle_of[b] = kNil;
@@ -122,6 +137,20 @@ absl::StatusOr<SimResult> SimulatePolicy(const SimTrace& trace, const PolicyFact
         drop(node, *victim);
         continue;
       }
+      // As BlockStore::AccessOf: the block's own depth and namespace, the time of the demotion.
+      server::BlockAccess demoted = access;
+      demoted.depth = node.depth_of[*victim];
+      demoted.namespace_id = node.namespace_of[*victim];
+      demoted.key_hash = trace.block_keys[node.block_of[*victim]];
+      if (has_copy[node.block_of[*victim]] != 0) {  // its copy is on disk already: no write
+        has_copy[node.block_of[*victim]] = 0;
+        tier_of[node.block_of[*victim]] = kDisk;
+        node.disk_policy->OnErase(*victim);
+        node.disk_policy->OnInsert(*victim, demoted);
+        ++result.demotions;
+        ++result.clean_demotions;
+        continue;
+      }
       if (!requests_of.empty() && requests_of[node.block_of[*victim]] < options.disk_admit_min_requests) {
         ++result.disk_refused;
         drop(node, *victim);
@@ -131,20 +160,21 @@ absl::StatusOr<SimResult> SimulatePolicy(const SimTrace& trace, const PolicyFact
         const std::optional<server::EntryHandle> disk_victim =
             node.disk_policy->PickVictim([&](server::EntryHandle h) { return h != keep; });
         if (!disk_victim.has_value()) break;
+        ++result.disk_evictions;
+        if (has_copy[node.block_of[*disk_victim]] != 0) {  // a copy of a host block: only the copy goes
+          node.disk_policy->OnErase(*disk_victim);
+          has_copy[node.block_of[*disk_victim]] = 0;
+          --node.disk_used;
+          continue;
+        }
         node.disk_policy->OnErase(*disk_victim);
         drop(node, *disk_victim);
         --node.disk_used;
-        ++result.disk_evictions;
       }
       if (node.disk_used >= node.disk_capacity) {
         drop(node, *victim);
         continue;
       }
-      // As BlockStore::AccessOf: the block's own depth and namespace, the time of the demotion.
-      server::BlockAccess demoted = access;
-      demoted.depth = node.depth_of[*victim];
-      demoted.namespace_id = node.namespace_of[*victim];
-      demoted.key_hash = trace.block_keys[node.block_of[*victim]];
       tier_of[node.block_of[*victim]] = kDisk;
       ++node.disk_used;
       ++result.demotions;
@@ -181,9 +211,14 @@ absl::StatusOr<SimResult> SimulatePolicy(const SimTrace& trace, const PolicyFact
           node.disk_policy->OnAccess(handle_of[b], access);
           continue;
         }
-        // Promotion: the block leaves the disk as it enters host memory, then counts the access.
-        node.disk_policy->OnErase(handle_of[b]);
-        --node.disk_used;
+        // Promotion: the block leaves the disk (or keeps its copy there) as it enters host memory, then
+        // counts the access.
+        if (options.keep_disk_copy) {
+          has_copy[b] = 1;
+        } else {
+          node.disk_policy->OnErase(handle_of[b]);
+          --node.disk_used;
+        }
         tier_of[b] = kHost;
         ++node.used;
         ++result.promotions;
@@ -210,6 +245,7 @@ absl::StatusOr<SimResult> SimulatePolicy(const SimTrace& trace, const PolicyFact
       node.namespace_of[h] = access.namespace_id;
       handle_of[b] = h;
       tier_of[b] = kHost;
+      if (!requests_of.empty()) requests_of[b] += node.history.Take(trace.block_keys[b]);
       if (parent_of[b] != kNil) ++present_children[parent_of[b]];
       ++node.used;
       node.policy->OnInsert(h, access);

@@ -13,7 +13,8 @@
 // is never the disk's victim); a block of a request's leading run that is on disk is promoted back to
 // host (promote_on_hit; the client fetches the leading run); a block after the leading run that is on
 // disk only refreshes its recency there (the server answers the put "already present"). A demotion is
-// a disk write; disk_admit_min_requests can refuse the writes of blocks requested only once.
+// a disk write unless keep_disk_copy kept the block's copy; disk_admit_min_requests can refuse the writes of blocks
+// requested only once.
 #ifndef KVTIER_BENCH_POLICY_SIM_SIMULATOR_H_
 #define KVTIER_BENCH_POLICY_SIM_SIMULATOR_H_
 
@@ -34,10 +35,15 @@ struct SimOptions {
   // Disk tier below the host tier (capacity_blocks), over all nodes; 0 = none. SimulatePolicy only.
   uint64_t disk_capacity_blocks = 0;
   bool promote_on_hit = true;  // a hit on a disk block moves it back to the host tier
-  // Disk admission: a host victim is written to disk only if its block has been requested at least
-  // this many times (every request that named it, on any tier, since the start of the trace); the
-  // others are dropped. 0 or 1 = every victim is written.
+  // Disk admission (the store's disk_admit_min_requests): a host victim is written to disk only if its
+  // block has been requested at least this many times (every request that named it, on any tier, and
+  // the requests its node remembers from before it was last dropped: RequestHistory, the last
+  // 2 x stored-blocks drops); the others are dropped. 0 or 1 = every victim is written.
   uint32_t disk_admit_min_requests = 0;
+  // Inclusive tiers (an experiment; the store's tiers are exclusive): a block promoted from disk keeps
+  // its disk copy, so its next demotion writes nothing, and a copy the disk evicts drops only the copy
+  // (the block stays in host memory). The copy takes disk room.
+  bool keep_disk_copy = false;
 };
 
 struct SimResult {
@@ -50,6 +56,8 @@ struct SimResult {
   uint64_t promotions = 0;       // disk -> host
   uint64_t disk_evictions = 0;   // dropped from the disk tier
   uint64_t disk_refused = 0;     // host victims not written to disk by the admission rule
+  uint64_t clean_demotions = 0;  // host victims whose disk copy was kept: no write (keep_disk_copy)
+  uint64_t disk_writes() const { return demotions - clean_demotions; }
   // Blocks dropped from every tier while a child of theirs (the next block of a request that named
   // them, first such request) stayed in some tier: each leaves an unreachable tail behind.
   uint64_t orphaning_drops = 0;

@@ -21,6 +21,7 @@ struct SweepPoint {
   uint64_t not_admitted = 0;
   uint64_t disk_hit_blocks = 0;  // with a disk tier: hits served from disk, and the moves between tiers
   uint64_t demotions = 0;
+  uint64_t clean_demotions = 0;  // demotions that wrote nothing (the disk copy was kept)
   uint64_t promotions = 0;
   uint64_t disk_evictions = 0;
   uint64_t disk_refused = 0;     // host victims the disk admission rule did not write

@@ -231,15 +231,18 @@ BlockStore::LookupResult BlockStore::Lookup(const NamespaceRef& ns, std::span<co
   return result;
 }
 
+uint64_t BlockStore::KeyHashOf(const BlockKey& key) {
+  // A stable per-block hash for what remembers dropped blocks (policies' ghosts, request_history_): the
+  // fingerprint's ring position mixed with the shard, never 0.
+  return (key.fingerprint.RingPosition() ^ (uint64_t{key.shard} * 0x9e3779b97f4a7c15ULL)) | 1;
+}
+
 BlockAccess BlockStore::AccessOf(const Entry& e) const {
-  // A stable per-block hash for policies that remember evicted blocks: the fingerprint's ring position
-  // mixed with the shard, never 0.
-  const uint64_t key_hash = (e.key.fingerprint.RingPosition() ^ (uint64_t{e.key.shard} * 0x9e3779b97f4a7c15ULL)) | 1;
   return BlockAccess{.depth = e.depth,
                      .namespace_id = e.namespace_id,
                      .size_bytes = e.size_bytes,
                      .now_ns = absl::ToUnixNanos(clock_->Now()),
-                     .key_hash = key_hash};
+                     .key_hash = KeyHashOf(e.key)};
 }
 
 absl::StatusOr<BlockStore::AllocateResult> BlockStore::Allocate(const NamespaceRef& ns, std::span<const BlockKey> keys,
@@ -447,6 +450,7 @@ absl::StatusOr<std::vector<CommitOutcome>> BlockStore::Commit(const CapabilityId
     e.checksum = actual[i];
     e.reservation_id = CapabilityId();
     e.access_count = 1;
+    e.earlier_requests = options_.disk_admit_min_requests > 1 ? request_history_.Take(KeyHashOf(e.key)) : 0;
     committed_->Insert(e.key, e.namespace_id, e.tenant_id);
     host_->Insert(h, AccessOf(e));
     outcomes[i] = CommitOutcome::kCommitted;

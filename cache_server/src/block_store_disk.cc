@@ -152,7 +152,7 @@ bool BlockStore::MakeDiskRoomLocked(uint64_t bytes) {
   while (stats_.disk_bytes.load(std::memory_order_relaxed) + bytes > disk_capacity_) {
     auto victim = disk_policy_->PickVictim([&](EntryHandle h) { return entries_[h].lease_count == 0; });
     if (!victim.has_value()) return false;
-    EraseEntryLocked(*victim);
+    DropLocked(*victim);
     stats_.disk_evictions.fetch_add(1, std::memory_order_relaxed);
   }
   return true;
@@ -174,10 +174,26 @@ uint64_t BlockStore::SpillBufferBound() const {
              : std::max({options_.capacity_bytes / 8, uint64_t{64} << 20, host_->allocator().max_block_bytes()});
 }
 
+void BlockStore::DropLocked(EntryHandle h) {
+  const Entry& e = entries_[h];
+  if (options_.disk_admit_min_requests > 1 && e.state == State::kCommitted) {
+    const uint64_t requests = uint64_t{e.access_count} + e.earlier_requests;
+    request_history_.Remember(KeyHashOf(e.key), static_cast<uint32_t>(std::min<uint64_t>(requests, UINT32_MAX)),
+                              2 * index_.size());
+  }
+  EraseEntryLocked(h);
+}
+
 void BlockStore::DemoteOrDropLocked(EntryHandle h) {
   Entry& e = entries_[h];
   if (disk_ == nullptr) {
     EraseEntryLocked(h);
+    return;
+  }
+  // Requested too few times to be worth a disk write (disk_admit_min_requests).
+  if (uint64_t{e.access_count} + e.earlier_requests < options_.disk_admit_min_requests) {
+    stats_.disk_admission_refused.fetch_add(1, std::memory_order_relaxed);
+    DropLocked(h);
     return;
   }
   // A full or failing disk (as last seen: the writer's Put checks the volume's room): the block is
@@ -187,7 +203,7 @@ void BlockStore::DemoteOrDropLocked(EntryHandle h) {
     KVTIER_LOG_EVERY(std::chrono::seconds(10), warn,
                      "disk tier at {} is {} ({}): host evictions drop blocks instead of spilling them",
                      options_.disk_path, DiskTierStateName(disk_->state()), disk_->reason());
-    EraseEntryLocked(h);
+    DropLocked(h);
     return;
   }
   // The disk writer is behind: the puts outrun the disk, which could not keep this block anyway.
@@ -197,11 +213,11 @@ void BlockStore::DemoteOrDropLocked(EntryHandle h) {
                      "disk tier at {}: {} bytes wait for the disk writer (disk_tier.spill_buffer_bytes); host "
                      "evictions drop blocks until it catches up",
                      options_.disk_path, spill_bytes_);
-    EraseEntryLocked(h);
+    DropLocked(h);
     return;
   }
   if (e.size_bytes > disk_capacity_ || !MakeDiskRoomLocked(e.size_bytes)) {
-    EraseEntryLocked(h);
+    DropLocked(h);
     return;
   }
   auto copy = std::make_shared<std::vector<std::byte>>(e.size_bytes);

@@ -69,6 +69,10 @@ void BlockStoreStats::ForEach(const CounterVisitor& visit, Tiers tiers) const {
           "Host evictions dropped instead of spilled because the blocks waiting for the disk writer were at their "
           "bound (disk_tier.spill_buffer_bytes).",
           kCounter, Load(disk_spill_dropped_busy));
+    Visit(visit, "kvtier_disk_admission_refused_total",
+          "Host evictions dropped instead of spilled because their block was requested fewer times than "
+          "disk_tier.admit_min_requests.",
+          kCounter, Load(disk_admission_refused));
     Visit(visit, "kvtier_disk_spill_queue_bytes", "Bytes of evicted blocks waiting for the disk writer.", kGauge,
           Load(disk_spill_queue_bytes));
     Visit(visit, "kvtier_disk_reads_total", "Disk blocks read (without the store's lock).", kCounter, Load(disk_reads));

@@ -242,6 +242,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
                                    .disk_info_log_dir = options.disk_info_log_dir,
                                    .disk_flush_interval = options.disk_flush_interval,
                                    .promote_on_hit = options.promote_on_hit,
+                                   .disk_admit_min_requests = options.disk_admit_min_requests,
                                    .spill_buffer_bytes = options.disk_spill_buffer_bytes,
                                    .index_shards = options.index_shards,
                                    .hbm_memory = hbm,

@@ -271,6 +271,7 @@ const std::map<std::string, std::map<std::string, Setter>>& Schema() {
        {{"path", String(&ServerOptions::disk_path)},
         {"capacity_bytes", Bytes(&ServerOptions::disk_capacity_bytes)},
         {"promote_on_hit", Bool(&ServerOptions::promote_on_hit)},
+        {"admit_min_requests", Count(&ServerOptions::disk_admit_min_requests)},
         {"spill_buffer_bytes", Bytes(&ServerOptions::disk_spill_buffer_bytes)},
         {"min_free_bytes", Bytes(&ServerOptions::disk_min_free_bytes)},
         {"info_log_dir", String(&ServerOptions::disk_info_log_dir)},

@@ -41,6 +41,17 @@ leases:
   EXPECT_OK(o->Validate());
 }
 
+TEST(ServerConfigTest, DiskAdmissionIsAWholeNumberOffByDefault) {
+  auto off = ParseServerConfig("server:\n  node_id: a\ndisk_tier:\n  path: /tmp/x\n  capacity_bytes: 1GiB\n");
+  ASSERT_OK(off);
+  EXPECT_EQ(off->disk_admit_min_requests, 0u);
+  auto two = ParseServerConfig("server:\n  node_id: a\ndisk_tier:\n  path: /tmp/x\n  admit_min_requests: 2\n");
+  ASSERT_OK(two);
+  EXPECT_EQ(two->disk_admit_min_requests, 2u);
+  EXPECT_FALSE(ParseServerConfig("disk_tier:\n  admit_min_requests: 2KiB\n").ok());
+  EXPECT_FALSE(ParseServerConfig("disk_tier:\n  admit_min_requests: -1\n").ok());
+}
+
 TEST(ServerConfigTest, EmptyConfigGivesDefaultsThatNeedANodeId) {
   auto o = ParseServerConfig("");
   ASSERT_OK(o);

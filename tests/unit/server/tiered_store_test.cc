@@ -96,7 +96,7 @@ class TieredStoreTest : public ::testing::Test {
   }
 
   void Open(uint64_t host_blocks, uint64_t disk_blocks, bool promote = true, uint64_t lease_buffer_bytes = 0,
-            uint64_t spill_buffer_bytes = 0) {
+            uint64_t spill_buffer_bytes = 0, uint32_t admit_min_requests = 0) {
     store_.reset();
     auto s = BlockStore::Create({.capacity_bytes = host_blocks * kBlock,
                                  .slab_bytes = 4 * kBlock,
@@ -104,6 +104,7 @@ class TieredStoreTest : public ::testing::Test {
                                  .disk_path = dir_.string(),
                                  .disk_capacity_bytes = disk_blocks * kBlock,
                                  .promote_on_hit = promote,
+                                 .disk_admit_min_requests = admit_min_requests,
                                  .disk_before_io_for_test = [this](const char* op) { gate_.Pass(op); },
                                  .spill_buffer_bytes = spill_buffer_bytes});
     ASSERT_OK(s);
@@ -160,6 +161,40 @@ TEST_F(TieredStoreTest, HostEvictionDemotesToDiskAndAHitPromotesBack) {
   EXPECT_EQ(store_->stats().promotions.load(), 1u);
   EXPECT_EQ(store_->stats().disk_blocks.load(), 6u);  // one up, one (the host LRU) down
   EXPECT_LE(store_->used_bytes(), 4 * kBlock);
+}
+
+// disk_admit_min_requests 2: a block requested once (its put) is dropped at eviction, never written;
+// one requested again (a hit, a put answered already present, or a put after it was dropped) spills.
+TEST_F(TieredStoreTest, AdmissionSpillsOnlyBlocksRequestedAgain) {
+  Open(2, 16, /*promote=*/true, 0, 0, /*admit_min_requests=*/2);
+  Put(0);
+  Put(1);
+  Put(2);  // evicts 0 (LRU), requested once: dropped
+  EXPECT_FALSE(Present(0));
+  EXPECT_EQ(store_->stats().disk_admission_refused.load(), 1u);
+  EXPECT_EQ(Read(1), Payload(1));  // 1 requested twice now
+  const BlockKey k2 = Key(2);
+  auto again = store_->Allocate(ns_, std::span<const BlockKey>(&k2, 1));  // 2: a put answered present
+  ASSERT_OK(again);
+  EXPECT_EQ(again->outcomes[0], AllocateOutcome::kAlreadyPresent);
+  Put(3);  // evicts 1
+  Put(4);  // evicts 2
+  EXPECT_EQ(store_->TierOfForTest(Key(1)), Tier::kDisk);
+  EXPECT_EQ(store_->TierOfForTest(Key(2)), Tier::kDisk);
+  EXPECT_EQ(store_->stats().demotions.load(), 2u);
+  Put(5);  // evicts 3, requested once: dropped
+  EXPECT_FALSE(Present(3));
+  EXPECT_EQ(store_->stats().disk_admission_refused.load(), 2u);
+  // 0 comes back: its put is its second request (the store remembers the first), so it spills.
+  Put(0);  // evicts 4, requested once: dropped
+  Put(6);  // evicts 5, dropped
+  Put(7);  // evicts 0
+  EXPECT_EQ(store_->TierOfForTest(Key(0)), Tier::kDisk);
+  EXPECT_EQ(store_->stats().demotions.load(), 3u);
+  EXPECT_EQ(store_->stats().disk_admission_refused.load(), 4u);
+  store_->WaitForDiskWrites();
+  EXPECT_EQ(Read(1), Payload(1));  // from disk, whole
+  EXPECT_EQ(Read(0), Payload(0));
 }
 
 TEST_F(TieredStoreTest, FullDiskDropsItsLeastRecentlyUsedBlock) {

@@ -28,6 +28,7 @@
 #include "kvtier/server/capability_table.h"
 #include "kvtier/server/device_tier_memory.h"
 #include "kvtier/server/eviction_policy.h"
+#include "kvtier/server/request_history.h"
 #include "kvtier/server/slab_allocator.h"
 #include "kvtier/server/timed_mutex.h"
 
@@ -81,6 +82,13 @@ struct BlockStoreOptions {
   // Write buffers older than this are flushed by ProbeDisk() (spills skip the WAL; see DiskTierOptions).
   absl::Duration disk_flush_interval = absl::Seconds(5);
   bool promote_on_hit = true;  // a read of a disk block moves it back to host memory
+  // Disk admission: a host eviction writes its block to disk only if the block was requested at least
+  // this many times: the put that stored it, each read hit, each put answered already present, and
+  // what it was requested before an earlier drop (remembered for the last 2 x stored-blocks drops, by
+  // key hash). The others are dropped (stats().disk_admission_refused). A flash drive's wear is
+  // a cost: 2 cuts disk writes 3-5x on the traces of bench/policy_sim/README.md, and costs hit ratio
+  // where a block seen once returns (a conversation's next turn). 0 or 1: every eviction spills.
+  uint32_t disk_admit_min_requests = 0;
   // For tests of a stalled disk: DiskTierOptions::before_io_for_test (called before each disk read,
   // write and delete with "read", "write" or "delete"; it may block). Null: none.
   std::function<void(const char* op)> disk_before_io_for_test;
@@ -182,6 +190,7 @@ struct BlockStoreStats {
   std::atomic<uint64_t> disk_errors{0};              // disk I/O errors (the block is dropped or not demoted)
   std::atomic<uint64_t> disk_spill_refused{0};       // host evictions dropped: the disk tier was not writable
   std::atomic<uint64_t> disk_spill_dropped_busy{0};  // host evictions dropped: spill buffers at their bound
+  std::atomic<uint64_t> disk_admission_refused{0};   // host evictions dropped: disk_admit_min_requests
   std::atomic<uint64_t> disk_spill_queue_bytes{0};   // gauge: bytes of blocks waiting for the disk writer
   std::atomic<uint64_t> disk_reads{0};               // disk blocks read (without the store's lock)
   std::atomic<uint64_t> recovered_blocks{0};         // found on disk at start
@@ -533,6 +542,9 @@ class BlockStore {
     SlotRef slot;  // while tier == kHost (host_) or kHbm (hbm_)
     uint32_t lease_count = 0;
     uint32_t access_count = 0;
+    // Requests of the block before it was last dropped, remembered in request_history_ (disk
+    // admission only; 0 otherwise).
+    uint32_t earlier_requests = 0;
     uint32_t depth = 0;
     std::shared_ptr<const BlockMeta> block_meta;  // null: put without engine metadata
     // tier == kDisk only: the block's bytes while the disk writer has not yet written them (then reads
@@ -575,6 +587,9 @@ class BlockStore {
   bool MakeQuotaRoomLocked(uint64_t tenant_id, uint64_t quota_bytes, uint64_t bytes);
   // Moves a host block to disk (making room there), or drops it when there is no disk or it fails.
   void DemoteOrDropLocked(EntryHandle h);
+  // Drops a committed block from every tier, remembering its requests when disk admission is on.
+  void DropLocked(EntryHandle h);
+  static uint64_t KeyHashOf(const BlockKey& key);
   // Makes room for `bytes` on disk by dropping unleased disk blocks. False when it cannot.
   bool MakeDiskRoomLocked(uint64_t bytes);
   // Counts a failed disk delete as a disk error, unless the tier only could not write at the time.
@@ -693,6 +708,7 @@ class BlockStore {
   absl::flat_hash_map<BlockKey, EntryHandle> index_;  // guarded by mu_
   std::vector<Entry> entries_;                        // guarded by mu_
   std::vector<EntryHandle> free_entries_;             // guarded by mu_
+  RequestHistory request_history_;                    // guarded by mu_; disk admission only
   CapabilityTable<Lease> leases_;                     // guarded by mu_
   CapabilityTable<Reservation> reservations_;         // guarded by mu_
   // tag_prefix() of every reservation in reservations_ -> its id; guarded by mu_.

@@ -45,6 +45,9 @@ struct ServerOptions {
   std::string disk_path;             // RocksDB directory of the disk tier; empty = none
   uint64_t disk_capacity_bytes = 0;  // budget on logical bytes on disk (docs/config.md)
   bool promote_on_hit = true;        // a hit on disk moves the block back to host memory
+  // A host eviction spills its block only if it was requested at least this many times
+  // (BlockStoreOptions::disk_admit_min_requests); 0 = every eviction spills (default).
+  uint32_t disk_admit_min_requests = 0;
   // The most bytes of blocks waiting for the disk writer (BlockStoreOptions::spill_buffer_bytes); 0 =
   // max(host capacity / 8, 64 MiB, one largest block).
   uint64_t disk_spill_buffer_bytes = 0;
