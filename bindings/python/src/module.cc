@@ -1024,7 +1024,7 @@ hit accounting (lookups, lookup_blocks, prefix_hit_blocks, prefix_hit_tokens, ge
 retrieve_hit_blocks, retrieve_hit_tokens, retrieve_hit_bytes, put_blocks, put_stored_blocks,
 put_stored_bytes, put_rejected_blocks), failures (misses_from_errors, rpc_errors, checksum_failures),
 UCX (ucx_get_blocks, ucx_lane_get_blocks, ucx_leases, ucx_put_blocks, ucx_endpoint_failures,
-ucx_connects, ucx_allocates, ucx_commits), membership (ring_changes, dns_resolutions, dns_failures, health_check_failures,
+ucx_connects, ucx_allocates, ucx_commits), NCCL (nccl_get_blocks), membership (ring_changes, dns_resolutions, dns_failures, health_check_failures,
 members_ejected) and replication (replica_puts, replica_put_failures, hints_queued, hints_delivered,
 hints_dropped, replica_read_blocks). The keys come from ClientStats::ForEach, so a counter added there
 appears here too.)doc")

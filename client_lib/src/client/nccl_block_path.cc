@@ -15,11 +15,13 @@ bool NcclBlockPath::Read(const ReadBatchRequest& batch, CallRefusal&) {
     return true;
   }
   bool failed = false;
+  uint64_t arrived = 0;
   for (size_t k = 0; k < batch.keys.size(); ++k) {
     GetResult& r = batch.results[batch.idx[k]];
     switch ((*fetched)[k]) {
       case nccl::NcclFetchResult::kHit:
         r = GetResult::kHit;
+        ++arrived;
         break;
       case nccl::NcclFetchResult::kMiss:
         r = GetResult::kMiss;
@@ -30,6 +32,7 @@ bool NcclBlockPath::Read(const ReadBatchRequest& batch, CallRefusal&) {
         break;
     }
   }
+  stats_.nccl_get_blocks.fetch_add(arrived, std::memory_order_relaxed);
   if (failed) stats_.rpc_errors.fetch_add(1, std::memory_order_relaxed);
   return true;
 }

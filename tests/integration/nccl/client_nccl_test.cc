@@ -166,6 +166,7 @@ TEST_F(ClientNcclTest, AGpuGetReachesAMemberThatOffersNcclOverNccl) {
   EXPECT_TRUE(SentEventually(2));  // the server's sender counts once it sees its send complete
   EXPECT_EQ(service_->stats().communicators.load(), 1u);
   EXPECT_EQ(client_->stats().retrieve_hit_blocks.load(), 2u);
+  EXPECT_EQ(client_->stats().nccl_get_blocks.load(), 2u);
 
   // The communicator is kept for the next get.
   auto again = client_->GetIntoDevice(ns_, std::span(fps).first(1), 0, std::span(buffers).first(1));
@@ -185,6 +186,7 @@ TEST_F(ClientNcclTest, AMemberThatDoesNotOfferNcclIsNotAskedOverIt) {
   auto got = client_->GetIntoDevice(ns_, fps, 0, buffers);
   ASSERT_OK(got.status());
   EXPECT_EQ(*got, std::vector<bool>{false});  // left to the host path
+  EXPECT_EQ(client_->stats().nccl_get_blocks.load(), 0u);
   EXPECT_EQ(service_->stats().communicators.load(), 0u);
   EXPECT_EQ(api_.inits.load(), 0);
 }

@@ -22,14 +22,14 @@ TEST(ClientStatsTest, ForEachListsEveryCounterOnce) {
 TEST(ClientStatsTest, ForEachNamesAreTheFieldNamesWithHelp) {
   ClientStats stats;
   stats.lookups = 5;
-  stats.ucx_commits = 9;
+  stats.nccl_get_blocks = 9;
   const std::vector<testing::VisitedSample> samples =
       testing::Visit([&](const CounterVisitor& v) { stats.ForEach(v); });
   testing::ExpectWellFormed(samples, /*prometheus=*/false);
   ASSERT_EQ(samples.size(), kClientStatsCounterCount);
   EXPECT_EQ(samples.front().name, "lookups");
   EXPECT_EQ(samples.front().value, 5u);
-  EXPECT_EQ(samples.back().name, "ucx_commits");
+  EXPECT_EQ(samples.back().name, "nccl_get_blocks");
   EXPECT_EQ(samples.back().value, 9u);
   // The same names, in the same order, as the template ForEachCounter the bindings used.
   std::vector<std::string> names;

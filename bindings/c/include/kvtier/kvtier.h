@@ -359,6 +359,7 @@ typedef struct kvtier_client_stats {
   uint64_t replica_read_blocks;   /* hits and present blocks found on an owner other than the first asked */
   uint64_t ucx_allocates;         /* put reservations taken over UCX */
   uint64_t ucx_commits;           /* put commits over UCX */
+  uint64_t nccl_get_blocks;       /* blocks that arrived over NCCL into the caller's device buffers */
 } kvtier_client_stats_t;
 
 /* Copies the client's counters into the fields of *out that lie wholly within out->struct_size (which the

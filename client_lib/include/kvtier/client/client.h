@@ -277,8 +277,9 @@ struct ClientStats {
   // Blocks of Get (hits) and LookupPrefix (present) found on an owner other than the first one asked:
   // fail-over after an error, or a hot block's fall-back after a miss.
   std::atomic<uint64_t> replica_read_blocks{0};
-  std::atomic<uint64_t> ucx_allocates{0};  // put reservations taken over UCX (kAllocate)
-  std::atomic<uint64_t> ucx_commits{0};    // put commits over UCX (kCommit, or kPutCommit on the last message)
+  std::atomic<uint64_t> ucx_allocates{0};    // put reservations taken over UCX (kAllocate)
+  std::atomic<uint64_t> ucx_commits{0};      // put commits over UCX (kCommit, or kPutCommit on the last message)
+  std::atomic<uint64_t> nccl_get_blocks{0};  // blocks that arrived over NCCL into the caller's device buffers
 
   // Calls `visit` once per counter above, in declaration order: CounterInfo.name is the field's name,
   // help its one-line meaning, kind kCounter, no labels (the list is KVTIER_CLIENT_STATS_COUNTERS of

@@ -129,7 +129,8 @@ using ReplicationOverrides = std::vector<ClientOptions::ReplicationOverride>;
   X(hints_dropped, "Hinted blocks dropped (oldest first) over hint_queue_bytes.")                                   \
   X(replica_read_blocks, "Blocks of Get and LookupPrefix found on an owner other than the first one asked.")        \
   X(ucx_allocates, "Put reservations taken over UCX.")                                                              \
-  X(ucx_commits, "Put commits over UCX.")
+  X(ucx_commits, "Put commits over UCX.")                                                                           \
+  X(nccl_get_blocks, "Blocks that arrived over NCCL into the caller's device buffers.")
 
 // EventSubscriberStats (event_subscriber.h): every counter, a uint64_t.
 #define KVTIER_EVENT_SUBSCRIBER_STATS_COUNTERS(X) \
