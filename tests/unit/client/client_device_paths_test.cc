@@ -18,115 +18,20 @@
 
 #include "client/data_path.h"
 #include "client/staging_pipeline.h"
+#include "fake_block_paths.h"
 #include "kvtier/client/client.h"
 #include "testing/status_matchers.h"
 
 namespace kvtier::client {
 namespace {
 
-constexpr uint64_t kBlockBytes = 64;
+using fakes::FakeCluster;
+using fakes::FakePaths;
+using fakes::Fp;
+using fakes::kBlockBytes;
+using fakes::Ns;
+
 constexpr int32_t kDevice = 3;
-
-struct FakeServer {
-  bool offers_nccl = false;  // Nccl() gives a path for this member
-  bool hbm_empty = false;    // its device tier holds nothing: NCCL reads are misses
-  std::map<Fingerprint, std::vector<std::byte>> blocks;
-  int reads = 0;                   // read batches over the host path
-  int nccl_reads = 0;              // read batches over NCCL
-  std::set<int32_t> nccl_devices;  // the devices NCCL paths were asked for
-};
-
-struct FakeCluster {
-  std::mutex mu;
-  std::map<std::string, FakeServer> servers;  // guarded by mu; by member address
-};
-
-class FakeHostPath final : public BlockPath {
- public:
-  FakeHostPath(FakeCluster& cluster, std::string address) : cluster_(cluster), address_(std::move(address)) {}
-  absl::string_view name() const override { return "grpc"; }
-  BlockPathCapabilities capabilities() const override { return {}; }
-  bool Read(const ReadBatchRequest& batch, CallRefusal&) override {
-    EXPECT_TRUE(batch.device_buffers.empty());
-    std::lock_guard<std::mutex> lock(cluster_.mu);
-    FakeServer& s = cluster_.servers[address_];
-    ++s.reads;
-    for (size_t k = 0; k < batch.keys.size(); ++k) {
-      const uint32_t i = batch.idx[k];
-      auto it = s.blocks.find(batch.keys[k].fingerprint);
-      if (it == s.blocks.end()) {
-        batch.results[i] = GetResult::kMiss;
-        continue;
-      }
-      std::memcpy(batch.buffers[i].data(), it->second.data(), batch.block_bytes);
-      batch.results[i] = GetResult::kHit;
-    }
-    return true;
-  }
-  std::optional<absl::Status> Put(const PutBatchRequest& batch) override {
-    std::lock_guard<std::mutex> lock(cluster_.mu);
-    FakeServer& s = cluster_.servers[address_];
-    for (size_t k = 0; k < batch.keys.size(); ++k) {
-      s.blocks[batch.keys[k].fingerprint].assign(batch.blocks[k].begin(), batch.blocks[k].end());
-      batch.results[k] = PutResult::kStored;
-    }
-    return absl::OkStatus();
-  }
-
- private:
-  FakeCluster& cluster_;
-  const std::string address_;
-};
-
-// NCCL from the member's device tier: copies into the "device" buffers (host memory here).
-class FakeNcclPath final : public BlockPath {
- public:
-  FakeNcclPath(FakeCluster& cluster, std::string address) : cluster_(cluster), address_(std::move(address)) {}
-  absl::string_view name() const override { return "nccl"; }
-  BlockPathCapabilities capabilities() const override { return {.device_buffers = true}; }
-  bool Read(const ReadBatchRequest& batch, CallRefusal&) override {
-    EXPECT_TRUE(batch.buffers.empty());
-    if (batch.device_buffers.empty()) return false;
-    std::lock_guard<std::mutex> lock(cluster_.mu);
-    FakeServer& s = cluster_.servers[address_];
-    ++s.nccl_reads;
-    for (size_t k = 0; k < batch.keys.size(); ++k) {
-      const uint32_t i = batch.idx[k];
-      auto it = s.blocks.find(batch.keys[k].fingerprint);
-      if (s.hbm_empty || it == s.blocks.end()) {
-        batch.results[i] = GetResult::kMiss;
-        continue;
-      }
-      std::memcpy(batch.device_buffers[i].ptr, it->second.data(), batch.block_bytes);
-      batch.results[i] = GetResult::kHit;
-    }
-    return true;
-  }
-  std::optional<absl::Status> Put(const PutBatchRequest&) override { return std::nullopt; }
-
- private:
-  FakeCluster& cluster_;
-  const std::string address_;
-};
-
-class FakePaths final : public BlockPathFactory {
- public:
-  explicit FakePaths(FakeCluster& cluster) : cluster_(cluster) {}
-  std::unique_ptr<BlockPath> Ucx(Member&, absl::Time) override { return nullptr; }
-  std::unique_ptr<BlockPath> Grpc(Member& member) override {
-    return std::make_unique<FakeHostPath>(cluster_, member.address);
-  }
-  std::unique_ptr<BlockPath> Nccl(Member& member, int32_t device, absl::Time) override {
-    std::lock_guard<std::mutex> lock(cluster_.mu);
-    FakeServer& s = cluster_.servers[member.address];
-    if (!s.offers_nccl) return nullptr;
-    s.nccl_devices.insert(device);
-    return std::make_unique<FakeNcclPath>(cluster_, member.address);
-  }
-
- private:
-  FakeCluster& cluster_;
-};
 
 // A CopyEngine whose copies run at once with memcpy (staging is plain host memory).
 class MemcpyEngine final : public internal::CopyEngine {
@@ -147,25 +52,6 @@ class MemcpyEngine final : public internal::CopyEngine {
  private:
   int* copies_;
 };
-
-Fingerprint Fp(uint32_t n) {
-  Fingerprint fp;
-  for (size_t b = 0; b < 8; ++b) fp.bytes[b] = static_cast<uint8_t>((n + 1) * 0x9E3779B1u >> (b * 3));
-  fp.bytes[9] = static_cast<uint8_t>(n);
-  return fp;
-}
-
-Namespace Ns() {
-  Namespace ns{.tenant = "t", .model = "m"};
-  ns.layout = KvLayout{.kind = LayoutKind::kStandard,
-                       .dtype = DType::kFp16,
-                       .num_layers = 1,
-                       .num_kv_heads = 1,
-                       .head_dim = 16,
-                       .block_tokens = 1,
-                       .tp_size = 1};
-  return ns;
-}
 
 class ClientDevicePathsTest : public ::testing::Test {
  protected:

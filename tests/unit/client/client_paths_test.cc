@@ -14,126 +14,18 @@
 #include <gtest/gtest.h>
 
 #include "client/data_path.h"
+#include "fake_block_paths.h"
 #include "kvtier/client/client.h"
 #include "testing/status_matchers.h"
 
 namespace kvtier::client {
 namespace {
 
-constexpr uint64_t kBlockBytes = 64;
-
-// The servers the fake paths stand for, by member address.
-struct FakeServer {
-  bool down = false;                                                          // reads leave kMissFromError, puts kError
-  std::map<std::pair<Fingerprint, uint32_t>, std::vector<std::byte>> blocks;  // (fingerprint, shard) -> bytes
-  int reads = 0;                                                              // read batches served over gRPC
-  int ucx_reads = 0;                                                          // read batches offered to the UCX path
-  std::vector<absl::Time> read_deadlines;                                     // of every read batch, in order
-};
-
-struct FakeCluster {
-  std::mutex mu;
-  std::map<std::string, FakeServer> servers;  // guarded by mu
-  bool ucx_endpoint = false;                  // whether Ucx() offers a path
-  bool ucx_moves = false;                     // whether that path moves the bytes (else: the caller's fallback)
-};
-
-class FakeGrpcPath final : public BlockPath {
- public:
-  FakeGrpcPath(FakeCluster& cluster, std::string address) : cluster_(cluster), address_(std::move(address)) {}
-  absl::string_view name() const override { return "grpc"; }
-  BlockPathCapabilities capabilities() const override { return {}; }
-  bool Read(const ReadBatchRequest& batch, CallRefusal&) override {
-    std::lock_guard<std::mutex> lock(cluster_.mu);
-    FakeServer& s = cluster_.servers[address_];
-    ++s.reads;
-    s.read_deadlines.push_back(batch.deadline);
-    if (s.down) return true;  // a dead member: the blocks stay misses from error
-    for (size_t k = 0; k < batch.keys.size(); ++k) {
-      auto it = s.blocks.find({batch.keys[k].fingerprint, batch.keys[k].shard});
-      const uint32_t i = batch.idx[k];
-      if (it == s.blocks.end()) {
-        batch.results[i] = GetResult::kMiss;
-        continue;
-      }
-      std::memcpy(batch.buffers[i].data(), it->second.data(), batch.block_bytes);
-      batch.results[i] = GetResult::kHit;
-    }
-    return true;
-  }
-  std::optional<absl::Status> Put(const PutBatchRequest& batch) override {
-    std::lock_guard<std::mutex> lock(cluster_.mu);
-    FakeServer& s = cluster_.servers[address_];
-    if (s.down) return absl::OkStatus();  // all kError
-    for (size_t k = 0; k < batch.keys.size(); ++k) {
-      s.blocks[{batch.keys[k].fingerprint, batch.keys[k].shard}].assign(batch.blocks[k].begin(), batch.blocks[k].end());
-      batch.results[k] = PutResult::kStored;
-    }
-    return absl::OkStatus();
-  }
-
- private:
-  FakeCluster& cluster_;
-  const std::string address_;
-};
-
-// A UCX path that never moves the bytes (a lease answered only over gRPC, a reservation that failed).
-class FakeUcxPath final : public BlockPath {
- public:
-  FakeUcxPath(FakeCluster& cluster, std::string address) : cluster_(cluster), address_(std::move(address)) {}
-  absl::string_view name() const override { return "ucx"; }
-  BlockPathCapabilities capabilities() const override { return {}; }
-  bool Read(const ReadBatchRequest& batch, CallRefusal& refusal) override {
-    {
-      std::lock_guard<std::mutex> lock(cluster_.mu);
-      ++cluster_.servers[address_].ucx_reads;
-    }
-    if (!cluster_.ucx_moves) return false;
-    return FakeGrpcPath(cluster_, address_).Read(batch, refusal);
-  }
-  std::optional<absl::Status> Put(const PutBatchRequest& batch) override {
-    if (!cluster_.ucx_moves) return std::nullopt;
-    return FakeGrpcPath(cluster_, address_).Put(batch);
-  }
-
- private:
-  FakeCluster& cluster_;
-  const std::string address_;
-};
-
-class FakePaths final : public BlockPathFactory {
- public:
-  explicit FakePaths(FakeCluster& cluster) : cluster_(cluster) {}
-  std::unique_ptr<BlockPath> Ucx(Member& member, absl::Time) override {
-    if (!cluster_.ucx_endpoint) return nullptr;
-    return std::make_unique<FakeUcxPath>(cluster_, member.address);
-  }
-  std::unique_ptr<BlockPath> Grpc(Member& member) override {
-    return std::make_unique<FakeGrpcPath>(cluster_, member.address);
-  }
-
- private:
-  FakeCluster& cluster_;
-};
-
-Fingerprint Fp(uint32_t n) {
-  Fingerprint fp;
-  for (size_t b = 0; b < 8; ++b) fp.bytes[b] = static_cast<uint8_t>((n + 1) * 0x9E3779B1u >> (b * 3));
-  fp.bytes[9] = static_cast<uint8_t>(n);
-  return fp;
-}
-
-Namespace Ns() {
-  Namespace ns{.tenant = "t", .model = "m"};
-  ns.layout = KvLayout{.kind = LayoutKind::kStandard,
-                       .dtype = DType::kFp16,
-                       .num_layers = 1,
-                       .num_kv_heads = 1,
-                       .head_dim = 16,
-                       .block_tokens = 1,
-                       .tp_size = 1};
-  return ns;
-}
+using fakes::FakeCluster;
+using fakes::FakePaths;
+using fakes::Fp;
+using fakes::kBlockBytes;
+using fakes::Ns;
 
 class ClientPathsTest : public ::testing::Test {
  protected:
