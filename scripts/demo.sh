@@ -8,7 +8,8 @@
 #   --json                print the report as one JSON object (fields: bench/README.md)
 #   --limit N             replay only the first N requests
 #   --block-bytes B       payload bytes per block (default 32768)
-#   --policy NAME         the servers' eviction policy: lru (default), weighted or prefix_lrfu
+#   --policy NAME         the servers' eviction policy: lru (default here, as the report's reference),
+#                         adaptive (kvtier-server's own default), weighted or prefix_lrfu
 #   --disk-blocks N       add a RocksDB disk tier of N blocks to the cluster (split evenly); host
 #                         evictions then demote to disk, and capacity for the report is host + disk
 #   --transport T         block bytes over auto (default: UCX, which the servers offer on 127.0.0.1),
