@@ -231,7 +231,7 @@ class ClientKeywordsTest(unittest.TestCase):
     def test_stats_has_every_counter_of_client_stats(self):
         header = read(CLIENT_H)
         counters = struct_fields(header, "ClientStats")
-        self.assertEqual(len(counters), 34)
+        self.assertEqual(len(counters), 35)
         with kvtier.Client(self.members, transport="grpc") as c:
             self.assertEqual(list(c.stats()), counters)
             self.assertTrue(all(isinstance(v, int) for v in c.stats().values()))
